@@ -1,0 +1,49 @@
+# embodyhpc: `make demo` runs the local closed loop, `make test` the test suite (both set up first).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+CONSTRAINTS := tools/ci-constraints.txt
+SLURM_CONF ?= /tmp/slurm-local/etc/slurm.conf
+export SLURM_CONF
+export MLFLOW_DISABLE_TELEMETRY := true
+
+.PHONY: setup system-deps demo test test-fast bench lint slurm-up slurm-down clean
+
+setup: system-deps $(VENV)/.installed
+
+# Debian packages: the local Slurm cluster (root only; elsewhere install them yourself or skip slurm tests)
+system-deps:
+	@if [ "$$(id -u)" = 0 ]; then bash tools/slurm-local.sh install; \
+	else echo "setup: not root, skipping Debian packages (slurm tests will skip)"; fi
+
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[train,dev]'
+	touch $@
+
+slurm-up: system-deps
+	@if [ "$$(id -u)" = 0 ]; then bash tools/slurm-local.sh start >/dev/null; fi
+
+slurm-down:
+	bash tools/slurm-local.sh stop
+
+demo: setup
+	$(VENV)/bin/embodyhpc submit recipes/demo_metaworld_cpu.yaml --local
+
+test: setup slurm-up
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slurm and not slow"
+
+bench: setup
+	$(PY) bench/cli_latency.py
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache runs

@@ -1,0 +1,179 @@
+"""embodyhpc command line: recipes to rendered sbatch jobs to results.
+
+    embodyhpc recipes list
+    embodyhpc render recipes/pi05_fp8.yaml --site example_ib data.root=/data/x site.account=me
+    embodyhpc submit recipes/demo_metaworld_cpu.yaml --site local
+    embodyhpc status RUN_DIR ; embodyhpc logs RUN_DIR -f ; embodyhpc cancel RUN_DIR
+
+Thin by design: each command parses, calls the library, prints. Heavy imports (omegaconf,
+jinja2, submitit; never torch) happen inside the commands that need them, so --help is quick.
+Set EMBODYHPC_DEBUG=1 for full tracebacks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="Robot-policy training recipes to results on Slurm.")
+recipes_app = typer.Typer(no_args_is_help=True, help="Shipped recipes and site profiles.")
+app.add_typer(recipes_app, name="recipes")
+
+Recipe = Annotated[str, typer.Argument(help="Recipe file, or the name of a shipped recipe.")]
+Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, applied last.")]
+Site = Annotated[str | None, typer.Option("--site", "-s", help="Site profile name or file "
+                                             "(default: $EMBODYHPC_SITE).")]
+RunDir = Annotated[Path, typer.Argument(help="Run directory printed by `embodyhpc submit`.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+JOB_KINDS = ("train", "eval", "report")
+
+
+def _load(recipe: str, overrides: list[str] | None, site: str | None):
+    from embodyhpc.config.load import load_recipe
+
+    return load_recipe(recipe, overrides or [], site=site)
+
+
+def _python(loaded) -> str:
+    return loaded.config.site.python or sys.executable
+
+
+def _check_kind(job: str | None) -> None:
+    if job is not None and job not in JOB_KINDS:
+        from embodyhpc.errors import UserError
+
+        raise UserError(f"unknown job {job!r}", key="--job", fix=f"use one of {', '.join(JOB_KINDS)}")
+
+
+@recipes_app.command("list")
+def recipes_list() -> None:
+    """List shipped recipes and site profiles."""
+    from embodyhpc.config.load import shipped_recipes, shipped_sites
+
+    typer.echo("recipes: " + " ".join(shipped_recipes()))
+    typer.echo("sites:   " + " ".join(shipped_sites()))
+
+
+@recipes_app.command("show")
+def recipes_show(recipe: Recipe, overrides: Overrides = None, site: Site = None) -> None:
+    """Print a recipe fully resolved (defaults, base recipes, site, overrides)."""
+    typer.echo(_load(recipe, overrides, site).to_yaml(), nl=False)
+
+
+@app.command()
+def validate(recipe: Recipe, overrides: Overrides = None, site: Site = None) -> None:
+    """Check a recipe; print the resolved job shape."""
+    loaded = _load(recipe, overrides, site)
+    r = loaded.resolved
+    typer.echo(f"ok: {loaded.recipe}" + (f" + {loaded.site}" if loaded.site else ""))
+    typer.echo(f"  train: {loaded.config.resources.nodes} node(s) x {r.procs_per_node} rank(s) = "
+               f"world {r.world_size}; dp_replicate={r.dp_replicate} dp_shard={r.dp_shard}; "
+               f"grad accumulation {r.grad_accum_steps}; time {r.train_time_min} min")
+    typer.echo(f"  eval: {r.num_eval_episodes} episodes in {loaded.config.eval.shards} shards")
+
+
+@app.command()
+def render(
+    recipe: Recipe,
+    overrides: Overrides = None,
+    site: Site = None,
+    job: Annotated[str | None, typer.Option(help="Only this job: train, eval or report.")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="Run directory to render for "
+                                                    "(default: the one submit would create now).")] = None,
+) -> None:
+    """Print the sbatch scripts exactly as `submit` would hand them to Slurm."""
+    from embodyhpc.slurm.render import render_job
+    from embodyhpc.submit import default_run_dir
+
+    _check_kind(job)
+    loaded = _load(recipe, overrides, site)
+    target = run_dir.resolve() if run_dir else default_run_dir(loaded.config.job)
+    kinds = [job] if job else [k for k in JOB_KINDS if k != "eval" or loaded.config.eval.enabled]
+    for i, kind in enumerate(kinds):
+        if len(kinds) > 1:
+            typer.echo(f"{'' if i == 0 else chr(10)}# ===== {kind}.sbatch =====")
+        typer.echo(render_job(loaded, kind, target, _python(loaded)), nl=False)
+
+
+@app.command()
+def submit(
+    recipe: Recipe,
+    overrides: Overrides = None,
+    site: Site = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Render and check; submit nothing.")] = False,
+    local: Annotated[bool, typer.Option("--local", help="Run the chain on this machine, no Slurm.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Create a run directory and submit train -> eval array -> report."""
+    from embodyhpc import submit as submitting
+
+    loaded = _load(recipe, overrides, site)
+    if dry_run:
+        typer.echo(submitting.dry_run(loaded, _python(loaded)), nl=False)
+        return
+    say = (lambda msg: typer.echo(msg, err=True)) if as_json else typer.echo
+    info = submitting.submit(loaded, _python(loaded), local=local, progress=say)
+    if as_json:
+        import dataclasses
+        import json
+
+        typer.echo(json.dumps(dataclasses.asdict(info), indent=2))
+    else:
+        typer.echo(f"run: {info.run_dir}")
+        typer.echo(f"  embodyhpc status {info.run_dir}")
+
+
+@app.command()
+def status(run_dir: RunDir, as_json: AsJson = False) -> None:
+    """State of each job of a run's chain (Slurm state, reason, array progress)."""
+    from embodyhpc.submit import status_report
+
+    typer.echo(status_report(run_dir, as_json=as_json), nl=False)
+
+
+@app.command()
+def logs(
+    run_dir: RunDir,
+    job: Annotated[str | None, typer.Option(help="Only this job: train, eval or report.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+) -> None:
+    """Print the jobs' stdout/stderr (per task)."""
+    from embodyhpc.submit import print_logs
+
+    _check_kind(job)
+    for line in print_logs(run_dir, job, follow=follow):
+        typer.echo(line)
+
+
+@app.command()
+def cancel(run_dir: RunDir) -> None:
+    """Cancel every job of the run's chain."""
+    from embodyhpc.submit import cancel_run
+
+    typer.echo(cancel_run(run_dir))
+
+
+def main() -> None:
+    from embodyhpc.errors import SlurmError, UserError
+
+    try:
+        app()
+    except UserError as exc:
+        if os.environ.get("EMBODYHPC_DEBUG"):
+            raise
+        typer.echo(f"error: {exc.one_line()}", err=True)
+        sys.exit(2)
+    except SlurmError as exc:
+        if os.environ.get("EMBODYHPC_DEBUG"):
+            raise
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

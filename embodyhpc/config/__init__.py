@@ -1,0 +1,1 @@
+"""Recipe schema, loading and world-size resolution (pure data; no torch)."""

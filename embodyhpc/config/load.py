@@ -1,0 +1,362 @@
+"""Load a recipe: schema defaults <- base recipes <- recipe <- site profile <- key=value overrides.
+
+Every layer is checked against the schema before it is merged, so an error names the layer
+(file or override), the dotted key and the fix. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from embodyhpc.config.coerce import build, field_types
+from embodyhpc.config.resolve import Resolved, resolve
+from embodyhpc.config.schema import SITE_KEYS, Config
+from embodyhpc.errors import ConfigError
+
+SITE_ENV_VAR = "EMBODYHPC_SITE"
+
+
+class _RecipeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """SafeLoader without YAML 1.1's base-60 numbers: `time: 01:30:00` must stay a string,
+    not become the integer 5400 (which Slurm would read as 5400 minutes)."""
+
+
+def _without_base60(regexp: re.Pattern) -> re.Pattern:
+    """Drop the `1:30`-style alternatives from PyYAML's int/float patterns."""
+    body = regexp.pattern.strip()
+    assert body.startswith("^(?:") and body.endswith(")$"), body  # PyYAML's shape; tested
+    kept = [alt for alt in body[4:-2].split("|") if "(?::[0-5]?[0-9])+" not in alt]
+    return re.compile("^(?:" + "|".join(kept) + ")$", regexp.flags)
+
+
+_RecipeLoader.yaml_implicit_resolvers = {
+    first: [(tag, _without_base60(regexp) if tag.endswith((":int", ":float")) else regexp)
+            for tag, regexp in resolvers]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _yaml_load(text: str):
+    return yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 - a SafeLoader subclass
+_MAX_BASE_DEPTH = 16
+
+
+@dataclass(frozen=True)
+class Source:
+    """A YAML document: a file on disk or one shipped inside the package."""
+
+    name: str  # what errors call it
+    text: str
+    folder: Path | None  # for resolving `base:` relative to it; None for shipped files
+
+
+@dataclass(frozen=True)
+class Layer:
+    where: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    config: Config
+    resolved: Resolved
+    recipe: str
+    site: str | None
+    overrides: tuple[str, ...]
+    provenance: dict[str, str]  # dotted key -> the layer that set it last
+
+    def to_yaml(self) -> str:
+        return dump_yaml(self.config)
+
+
+def dump_yaml(config: Config) -> str:
+    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False, default_flow_style=False)
+
+
+# ---------------------------------------------------------------- finding files
+
+def shipped_recipes() -> list[str]:
+    root = resources.files("embodyhpc.recipes")
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def shipped_sites() -> list[str]:
+    root = resources.files("embodyhpc.recipes").joinpath("sites")
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def _read_shipped(*parts: str) -> Source | None:
+    node = resources.files("embodyhpc.recipes")
+    for part in parts:
+        node = node.joinpath(part)
+    if not node.is_file():
+        return None
+    return Source(name=f"embodyhpc:{'/'.join(parts)}", text=node.read_text(), folder=None)
+
+
+def _read_path(path: Path) -> Source:
+    try:
+        return Source(name=str(path), text=path.read_text(), folder=path.parent)
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", where=str(path)) from exc
+
+
+def find_recipe(ref: str, *, relative_to: Path | None = None, shipped_only: bool = False,
+                subdir: str | None = None) -> Source:
+    """A file path (relative to `relative_to`, else the cwd), else a shipped name like `pi05_fp8`."""
+    if not shipped_only:
+        path = relative_to / ref if relative_to is not None else Path(ref)
+        if path.is_file():
+            return _read_path(path)
+    kind, listing = ("site profile", shipped_sites()) if subdir else ("recipe", shipped_recipes())
+    if "/" not in ref:
+        name = ref if ref.endswith(".yaml") else f"{ref}.yaml"
+        shipped = _read_shipped(*([subdir] if subdir else []), name)
+        if shipped is not None:
+            return shipped
+    hint = difflib.get_close_matches(Path(ref).stem, listing, n=1)
+    fix = f"did you mean {hint[0]!r}?" if hint else f"shipped {kind}s: {', '.join(listing)}"
+    raise ConfigError(f"{kind} not found", where=ref, fix=fix)
+
+
+def _parse(source: Source) -> dict[str, Any]:
+    try:
+        data = _yaml_load(source.text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}" if mark is not None else None
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"invalid YAML: {problem}", where=source.name, key=line) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"top level must be a mapping of sections, got {type(data).__name__}",
+                          where=source.name)
+    return data
+
+
+# ---------------------------------------------------------------- schema checks
+
+def _check_keys(data: dict[str, Any], cls: type, prefix: str, where: str) -> None:
+    """Reject keys the schema does not know, with a suggestion."""
+    fields = field_types(cls)
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if not isinstance(key, str):
+            raise ConfigError(f"key {key!r} is not a string", where=where, key=prefix.rstrip(".") or None)
+        if key not in fields:
+            close = [f for f in fields if f.startswith(key) or key.startswith(f)] or \
+                difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
+            fix = f"did you mean {prefix}{close[0]}?" if close else \
+                f"valid keys under {prefix.rstrip('.') or 'the top level'}: {', '.join(fields)}"
+            raise ConfigError("unknown key", where=where, key=dotted, fix=fix)
+        hint = fields[key]
+        if dataclasses.is_dataclass(hint):
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(f"must be a mapping, got {value!r}", where=where, key=dotted)
+            _check_keys(value, hint, f"{dotted}.", where)
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict) and data:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): data}
+
+
+def _check_site_keys(data: dict[str, Any], where: str) -> None:
+    for key in _flatten(data):
+        if not any(key == allowed or key.startswith(allowed + ".") for allowed in SITE_KEYS):
+            raise ConfigError("a site profile may only set cluster keys", where=where, key=key,
+                              fix=f"move it to the recipe; site keys: {', '.join(SITE_KEYS)}")
+
+
+def _check_text(combined: dict[str, Any], provenance: dict[str, str]) -> None:
+    """Recipe text reaches sbatch scripts: no newlines or control characters anywhere."""
+    for key, value in _flatten(combined).items():
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if isinstance(item, str) and any(ord(c) < 32 or ord(c) == 127 for c in item):
+                raise ConfigError(f"contains a newline or control character: {item!r}",
+                                  where=_where(key, provenance), key=key, fix="write it on one line")
+
+
+# ---------------------------------------------------------------- layers
+
+def _recipe_layers(source: Source) -> list[Layer]:
+    """The recipe and the chain of base recipes it names, base first."""
+    chain: list[Layer] = []
+    seen: list[str] = []
+    current: Source | None = source
+    while current is not None:
+        if current.name in seen:
+            raise ConfigError(f"base recipes form a cycle: {' -> '.join([*seen, current.name])}",
+                              where=current.name, key="base")
+        if len(seen) >= _MAX_BASE_DEPTH:
+            raise ConfigError("base recipe chain is too deep", where=current.name, key="base")
+        seen.append(current.name)
+        data = _parse(current)
+        base = data.pop("base", None)
+        chain.append(Layer(current.name, data))
+        if base is None:
+            current = None
+        elif not isinstance(base, str) or not base:
+            raise ConfigError(f"must name a recipe file, got {base!r}", where=current.name, key="base")
+        else:
+            try:
+                current = find_recipe(base, relative_to=current.folder, shipped_only=current.folder is None)
+            except ConfigError as exc:
+                raise ConfigError(f"base recipe {base!r} not found", where=current.name, key="base",
+                                  fix=exc.fix) from exc
+    return list(reversed(chain))
+
+
+def _override_layer(text: str) -> Layer:
+    where = f"override {text!r}"
+    key, sep, _ = text.partition("=")
+    if not sep or not key or key != key.strip() or any(not part for part in key.split(".")):
+        raise ConfigError("overrides are key=value with a dotted key", where=where,
+                          fix="e.g. train.steps=100 or resources.nodes=2")
+    raw = text.partition("=")[2]
+    try:
+        value = _yaml_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"cannot parse the value {raw!r} as YAML", where=where, key=key,
+                          fix="quote it, e.g. key='a: b'") from exc
+    data: dict[str, Any] = {}
+    node = data
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return Layer(where, data)
+
+
+def _site_source(site: str | None) -> Source | None:
+    ref = site or os.environ.get(SITE_ENV_VAR) or None
+    if ref is None:
+        return None
+    return find_recipe(ref, subdir="sites")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "msg", None) or exc)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def _where(key: str, provenance: dict[str, str]) -> str:
+    while key:
+        if key in provenance:
+            return provenance[key]
+        key = key.rpartition(".")[0]
+    return "schema defaults"
+
+
+def _deep_merge(into: dict[str, Any], layer: dict[str, Any]) -> None:
+    for key, value in layer.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _merge(layers: list[Layer]) -> tuple[dict[str, Any], dict[str, str], set[str]]:
+    """Merge the layers as plain data; provenance says which layer set each key last, so any
+    later error names its layer. Also returns the keys left `???` (the user must supply them)."""
+    provenance: dict[str, str] = {}
+    combined: dict[str, Any] = {}
+    for layer in layers:
+        _check_keys(layer.data, Config, "", layer.where)
+        _deep_merge(combined, layer.data)
+        for key in _flatten(layer.data):
+            provenance[key] = layer.where
+    missing = {key for key, value in _flatten(combined).items() if value == "???"}
+    if any(isinstance(v, str) and "${" in v for v in _flatten(combined).values()):
+        combined = _interpolate(combined, provenance)
+    return combined, provenance, missing
+
+
+def _interpolate(combined: dict[str, Any], provenance: dict[str, str]) -> dict[str, Any]:
+    """${key} references and OmegaConf resolvers (e.g. ${oc.env:USER}), resolved by OmegaConf."""
+    from omegaconf import OmegaConf
+    from omegaconf import errors as oc_errors
+
+    try:
+        return OmegaConf.to_container(OmegaConf.create(combined), resolve=True)  # type: ignore[return-value]
+    except oc_errors.OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or ""
+        raise ConfigError(f"interpolation failed: {_first_line(exc)}", where=_where(key, provenance),
+                          key=key or None) from exc
+
+
+def load_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: str | None = None,
+                ) -> LoadedRecipe:
+    """The one entry point: a validated, frozen config plus its resolved parallel layout."""
+    source = find_recipe(recipe)
+    layers = _recipe_layers(source)
+    site_source = _site_source(site)
+    if site_source is not None:
+        site_data = _parse(site_source)
+        _check_site_keys(site_data, site_source.name)
+        layers.append(Layer(site_source.name, site_data))
+    layers.extend(_override_layer(text) for text in overrides)
+
+    combined, provenance, missing_keys = _merge(layers)
+    missing = sorted(missing_keys)
+    if missing:
+        key = missing[0]
+        raise ConfigError("missing value (??? in the recipe)", where=_where(key, provenance), key=key,
+                          fix=f"set it, e.g. {key}=..." + (f" (also missing: {', '.join(missing[1:])})"
+                                                           if len(missing) > 1 else ""))
+    try:
+        _check_text(combined, provenance)
+        config = build(Config, combined)
+    except ConfigError as exc:
+        raise _located(exc, provenance) from exc
+    assert isinstance(config, Config)
+    try:
+        resolved = resolve(config)
+    except ConfigError as exc:
+        raise _located(exc, provenance) from exc
+    return LoadedRecipe(config=config, resolved=resolved, recipe=source.name,
+                        site=site_source.name if site_source else None, overrides=tuple(overrides),
+                        provenance=provenance)
+
+
+def _located(exc: ConfigError, provenance: dict[str, str]) -> ConfigError:
+    """Name the layer that last set one of the keys involved (a later layer wins a conflict)."""
+    if exc.where is not None:
+        return exc
+    order = list(dict.fromkeys(provenance.values()))
+    involved = [_where(k, provenance) for k in (exc.key or "", *exc.related)]
+    if all(w not in order for w in involved) and exc.key:  # only defaults involved: who set the section?
+        section = exc.key.split(".")[0]
+        involved = [w for k, w in provenance.items() if k.split(".")[0] == section] or involved
+    where = max(involved, key=lambda w: order.index(w) if w in order else -1)
+    return ConfigError(exc.message, where=where, key=exc.key, fix=exc.fix)
+
+
+def load_resolved(run_dir: str | Path) -> Config:
+    """The frozen config a job reads from its run directory (written by submit)."""
+    from embodyhpc.rundir import RESOLVED_YAML
+
+    path = Path(run_dir) / RESOLVED_YAML
+    data = _parse(_read_path(path))
+    _check_keys(data, Config, "", str(path))
+    try:
+        return build(Config, data)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, where=str(path), key=exc.key, fix=exc.fix) from exc

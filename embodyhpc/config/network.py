@@ -1,0 +1,106 @@
+"""The `network:` section: how NCCL and PyTorch's process groups use the cluster fabric.
+
+A site profile sets it once per cluster; every job exports `NetworkConfig.environment()`.
+Each field's docstring says which variable it sets, what it does and when to change it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from embodyhpc.config import checks
+from embodyhpc.errors import ConfigError
+
+FABRICS = ("ethernet", "ib", "roce", "efa")
+NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
+GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    fabric: str = "ethernet"
+    """ethernet (TCP sockets only: NCCL_IB_DISABLE=1), ib (InfiniBand verbs), roce (RoCE v2 verbs),
+    or efa (AWS libfabric plugin)."""
+    hcas: list[str] = field(default_factory=list)
+    """NCCL_IB_HCA: RDMA devices, e.g. [mlx5_0:1, mlx5_1:1]; empty = NCCL's own choice. List every
+    rail that should carry traffic: a missing one silently halves bandwidth."""
+    gid_index: int | None = None
+    """NCCL_IB_GID_INDEX: the RoCE v2 GID table entry (commonly 3); required for roce."""
+    socket_ifname: str | None = None
+    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME: interface for bootstrap/TCP, e.g. eth0 or ^docker,lo."""
+    gdr_level: str | None = None
+    """NCCL_NET_GDR_LEVEL: how far apart GPU and NIC may be for GPUDirect RDMA (LOC..SYS)."""
+    cross_nic: int | None = None
+    """NCCL_CROSS_NIC: 0 keeps rings on the same rail (rail-optimised fabrics), 1 allows crossing."""
+    qps_per_connection: int | None = None
+    """NCCL_IB_QPS_PER_CONNECTION: more queue pairs help adaptive routing on large fabrics."""
+    ib_timeout: int | None = None
+    """NCCL_IB_TIMEOUT: verbs timeout exponent (4.096 us * 2^n); raise on large/congested fabrics."""
+    ib_retry_cnt: int | None = None
+    """NCCL_IB_RETRY_CNT: verbs retries before an error."""
+    buffsize_bytes: int | None = None
+    """NCCL_BUFFSIZE: per-channel buffer; larger can help bandwidth at the cost of memory."""
+    nvls: bool | None = None
+    """NCCL_NVLS_ENABLE: NVLink SHARP on NVSwitch systems; unset = NCCL decides."""
+    nccl_debug: str = "WARN"
+    """NCCL_DEBUG: WARN for production, INFO to see which transport and rings NCCL picked."""
+    async_error_handling: bool = True
+    """TORCH_NCCL_ASYNC_ERROR_HANDLING=1: a failed collective aborts the job instead of hanging."""
+    dump_on_timeout: bool = True
+    """TORCH_NCCL_DUMP_ON_TIMEOUT (+ flight recorder entries): who was stuck where when a collective
+    timed out."""
+    heartbeat_timeout_s: int = 600
+    """TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: watchdog kills a hung process group after this long."""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """Anything else, exported verbatim (names validated, values quoted)."""
+
+    def __post_init__(self) -> None:
+        checks.choice("network.fabric", self.fabric, FABRICS)
+        checks.choice("network.nccl_debug", self.nccl_debug, NCCL_DEBUG_LEVELS)
+        if self.gdr_level is not None:
+            checks.choice("network.gdr_level", self.gdr_level, GDR_LEVELS)
+        if self.fabric == "roce" and self.gid_index is None:
+            raise ConfigError("fabric roce needs the RoCE v2 GID index", key="network.gid_index",
+                              fix="set network.gid_index (often 3; `show_gids` lists them)")
+        if self.fabric in ("ethernet", "efa") and self.hcas:
+            raise ConfigError(f"fabric {self.fabric!r} does not use RDMA devices", key="network.hcas",
+                              fix="set network.fabric=ib or roce, or remove network.hcas")
+        checks.positive("network.heartbeat_timeout_s", self.heartbeat_timeout_s)
+        checks.env_names("network.extra_env", dict(self.extra_env))
+
+    def environment(self) -> dict[str, str]:
+        """The variables every rank of a job gets, in a stable order."""
+        env: dict[str, str] = {}
+        if self.fabric == "ethernet":
+            env["NCCL_IB_DISABLE"] = "1"
+        elif self.fabric in ("ib", "roce"):
+            env["NCCL_IB_DISABLE"] = "0"
+        elif self.fabric == "efa":
+            env["FI_PROVIDER"] = "efa"
+            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+        if self.hcas:
+            env["NCCL_IB_HCA"] = ",".join(self.hcas)
+        if self.gid_index is not None:
+            env["NCCL_IB_GID_INDEX"] = str(self.gid_index)
+        if self.socket_ifname:
+            env["NCCL_SOCKET_IFNAME"] = self.socket_ifname
+            env["GLOO_SOCKET_IFNAME"] = self.socket_ifname
+        optional = {
+            "NCCL_NET_GDR_LEVEL": self.gdr_level,
+            "NCCL_CROSS_NIC": self.cross_nic,
+            "NCCL_IB_QPS_PER_CONNECTION": self.qps_per_connection,
+            "NCCL_IB_TIMEOUT": self.ib_timeout,
+            "NCCL_IB_RETRY_CNT": self.ib_retry_cnt,
+            "NCCL_BUFFSIZE": self.buffsize_bytes,
+        }
+        env.update({k: str(v) for k, v in optional.items() if v is not None})
+        if self.nvls is not None:
+            env["NCCL_NVLS_ENABLE"] = "1" if self.nvls else "0"
+        env["NCCL_DEBUG"] = self.nccl_debug
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1" if self.async_error_handling else "0"
+        if self.dump_on_timeout:
+            env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
+            env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
+        env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] = str(self.heartbeat_timeout_s)
+        env.update({k: str(v) for k, v in self.extra_env.items()})
+        return env

@@ -1,0 +1,69 @@
+"""resolve(): the one place where parallelism degrees and batch sizes meet the world size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from embodyhpc.config.checks import slurm_time_minutes
+from embodyhpc.config.schema import Config
+from embodyhpc.errors import ConfigError
+
+# keys that decide the world size: a conflict is blamed on whichever layer set one of them last
+_WORLD_KEYS = ("resources.nodes", "resources.tasks_per_node", "resources.gpus_per_node")
+_DP_KEYS = ("parallelism.dp_replicate", "parallelism.dp_shard")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    world_size: int
+    procs_per_node: int
+    dp_replicate: int
+    dp_shard: int
+    grad_accum_steps: int
+    train_time_min: int
+    eval_time_min: int
+    num_eval_episodes: int
+
+
+def resolve(config: Config) -> Resolved:
+    res, par, train = config.resources, config.parallelism, config.train
+    world = res.world_size
+    degrees = (f"world_size={world} (resources.nodes={res.nodes} x {res.procs_per_node} per node), "
+               f"parallelism.dp_replicate={par.dp_replicate}, parallelism.dp_shard={par.dp_shard}")
+    if world % par.dp_replicate:
+        raise ConfigError(f"world size is not divisible by dp_replicate: {degrees}",
+                          key="parallelism.dp_replicate", related=_WORLD_KEYS,
+                          fix="make dp_replicate divide the world size")
+    dp_shard = world // par.dp_replicate if par.dp_shard == -1 else par.dp_shard
+    if par.dp_replicate * dp_shard != world:
+        raise ConfigError(f"dp_replicate x dp_shard must equal the world size: {degrees}",
+                          key="parallelism.dp_shard", related=_WORLD_KEYS + _DP_KEYS,
+                          fix="set parallelism.dp_shard=-1 to fill the world")
+    data_parallel = par.dp_replicate * dp_shard
+    per_step = train.micro_batch_size * data_parallel
+    if train.global_batch_size % per_step:
+        raise ConfigError(
+            f"global_batch_size={train.global_batch_size} is not a multiple of micro_batch_size="
+            f"{train.micro_batch_size} x data-parallel ranks={data_parallel} ({degrees})",
+            key="train.global_batch_size", related=(*_WORLD_KEYS, *_DP_KEYS, "train.micro_batch_size"),
+            fix=f"use a multiple of {per_step}")
+    precision = config.precision
+    if precision.mode == "fp8" and precision.fp8_backend == "te" and res.gpus_per_node == 0:
+        raise ConfigError("fp8 with transformer-engine needs GPUs (resources.gpus_per_node=0)",
+                          key="precision.fp8_backend", related=("precision.mode", "resources.gpus_per_node"),
+                          fix="set precision.fp8_backend=torchao for CPU runs")
+    if config.staging.enabled and config.data.format == "synthetic":
+        raise ConfigError("staging needs a dataset on disk, but data.format is synthetic",
+                          key="staging.enabled", related=("data.format",),
+                          fix="set data.format and data.root, or staging.enabled=false")
+    ev = config.eval
+    return Resolved(
+        world_size=world,
+        procs_per_node=res.procs_per_node,
+        dp_replicate=par.dp_replicate,
+        dp_shard=dp_shard,
+        grad_accum_steps=train.global_batch_size // per_step,
+        train_time_min=res.time_minutes,
+        eval_time_min=slurm_time_minutes("eval.time", ev.time),
+        num_eval_episodes=len(ev.tasks) * len(ev.seeds) * ev.episodes_per_task,
+    )

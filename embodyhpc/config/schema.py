@@ -1,0 +1,355 @@
+"""The recipe schema: one dataclass per section, each handed only to the component that owns it.
+
+Field docstrings are the reference documentation for recipe authors (`embodyhpc recipes show`
+prints a resolved recipe). Invariants that concern one section live in its `__post_init__`;
+invariants across sections (world size, batch arithmetic) live in `resolve.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from embodyhpc.config import checks
+from embodyhpc.config.network import NetworkConfig
+from embodyhpc.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    name: str = "embodyhpc"
+    """Run name: the Slurm job name prefix and the run directory prefix."""
+    experiment: str = "default"
+    """Groups runs on disk (<runs_root>/<experiment>/) and in MLflow."""
+    runs_root: str = "./runs"
+    """Parallel-filesystem folder that holds run directories (site profiles set it)."""
+
+    def __post_init__(self) -> None:
+        for key in ("name", "experiment"):
+            value = getattr(self, key)
+            if not value or "/" in value or value in (".", ".."):
+                raise ConfigError(f"{value!r} must be a non-empty name without '/'",
+                                         key=f"job.{key}")
+
+
+@dataclass(frozen=True)
+class ResourcesConfig:
+    nodes: int = 1
+    """Nodes for the training job (sbatch --nodes)."""
+    gpus_per_node: int = 0
+    """GPUs per node; 0 trains on CPU with gloo."""
+    tasks_per_node: int | None = None
+    """Processes per node; default: one per GPU, or 1 without GPUs."""
+    cpus_per_task: int = 1
+    """CPU cores per process (data workers + the main thread)."""
+    mem: str = "8G"
+    """Memory per node in sbatch --mem syntax (0 = all of the node)."""
+    time: str = "01:00:00"
+    """Training time limit in sbatch --time syntax; the job checkpoints and requeues before it."""
+    signal_delay_s: int = 120
+    """Slurm sends USR2 this many seconds before the time limit (sbatch --signal)."""
+    max_requeues: int = 3
+    """How often a timed-out or preempted training job is requeued before giving up."""
+
+    def __post_init__(self) -> None:
+        checks.positive("resources.nodes", self.nodes)
+        checks.positive("resources.gpus_per_node", self.gpus_per_node, allow_zero=True)
+        if self.tasks_per_node is not None:
+            checks.positive("resources.tasks_per_node", self.tasks_per_node)
+        checks.positive("resources.cpus_per_task", self.cpus_per_task)
+        checks.slurm_mem("resources.mem", self.mem)
+        minutes = checks.slurm_time_minutes("resources.time", self.time)
+        checks.positive("resources.signal_delay_s", self.signal_delay_s, allow_zero=True)
+        checks.positive("resources.max_requeues", self.max_requeues, allow_zero=True)
+        if self.signal_delay_s >= minutes * 60:
+            raise ConfigError(
+                f"signal_delay_s={self.signal_delay_s} is not shorter than the time limit "
+                f"{self.time!r}", key="resources.signal_delay_s",
+                fix="lower resources.signal_delay_s or raise resources.time")
+
+    @property
+    def procs_per_node(self) -> int:
+        if self.tasks_per_node is not None:
+            return self.tasks_per_node
+        return max(self.gpus_per_node, 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def time_minutes(self) -> int:
+        return checks.slurm_time_minutes("resources.time", self.time)
+
+
+DATA_FORMATS = ("synthetic", "lerobot", "hdf5")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    format: str = "synthetic"
+    """synthetic (generated in the job), lerobot (LeRobot v3.0 folder) or hdf5 (robomimic/LIBERO)."""
+    root: str | None = None
+    """Dataset folder on the parallel filesystem (lerobot, hdf5)."""
+    delta_timestamps: dict[str, list[float]] = field(default_factory=dict)
+    """LeRobot-style {feature: [seconds, ...]}: history frames and action chunks."""
+    num_workers: int = 2
+    """DataLoader worker processes per rank."""
+    prefetch_factor: int = 2
+    """Batches each worker prepares ahead."""
+
+    def __post_init__(self) -> None:
+        checks.choice("data.format", self.format, DATA_FORMATS)
+        if self.format != "synthetic" and not self.root:
+            raise ConfigError(f"format {self.format!r} needs a dataset folder",
+                                     key="data.root", fix="set data.root=/path/to/dataset")
+        checks.positive("data.num_workers", self.num_workers, allow_zero=True)
+        checks.positive("data.prefetch_factor", self.prefetch_factor)
+
+
+@dataclass(frozen=True)
+class StagingConfig:
+    enabled: bool = False
+    """Copy the dataset to node-local NVMe before training (one copier per node)."""
+    nvme_dir: str = "/tmp/embodyhpc-stage"
+    """Node-local scratch folder (site profiles set it)."""
+    verify: bool = True
+    """Check the staged copy against the manifest (sizes and hashes) before training reads it."""
+    copy_workers: int = 8
+    """Parallel copy threads per node."""
+
+    def __post_init__(self) -> None:
+        checks.positive("staging.copy_workers", self.copy_workers)
+
+
+MODEL_SIZES = ("tiny", "small", "full")
+ATTENTION_BACKENDS = ("auto", "flash_varlen", "torch_varlen", "flex", "sdpa_reference")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "pi05"
+    """Registered policy name."""
+    size: str = "tiny"
+    """tiny (laptop CPU), small, or full (published pi0.5 shapes, ~3.3B parameters)."""
+    attention_backend: str = "auto"
+    """auto picks the fastest available; sdpa_reference is the CPU reference."""
+    tokenizer_path: str | None = None
+    """Local SentencePiece/tokenizers file (full size); tiny/small use a byte tokenizer."""
+    action_horizon: int = 50
+    """Actions predicted per chunk."""
+    action_dim: int = 32
+    """Action vector size (padded)."""
+    max_token_len: int = 256
+    """Token budget per sample (prefix + action chunk)."""
+    packing: bool = True
+    """Pack variable-length samples into fixed token budgets instead of padding."""
+
+    def __post_init__(self) -> None:
+        checks.choice("model.size", self.size, MODEL_SIZES)
+        checks.choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        for key in ("action_horizon", "action_dim", "max_token_len"):
+            checks.positive(f"model.{key}", getattr(self, key))
+
+
+AC_MODES = ("none", "full", "every_k")
+
+
+@dataclass(frozen=True)
+class ParallelismConfig:
+    dp_replicate: int = 1
+    """Replicas (HSDP: usually the node count on InfiniBand clusters); 1 = plain FSDP."""
+    dp_shard: int = -1
+    """Shard degree inside a replica; -1 = world size / dp_replicate."""
+    activation_checkpointing: str = "none"
+    """none, full (every block) or every_k."""
+    ac_every_k: int = 2
+    """With every_k: checkpoint every k-th block."""
+    compile: bool = False
+    """torch.compile each block."""
+
+    def __post_init__(self) -> None:
+        checks.positive("parallelism.dp_replicate", self.dp_replicate)
+        if self.dp_shard != -1:
+            checks.positive("parallelism.dp_shard", self.dp_shard)
+        checks.choice("parallelism.activation_checkpointing", self.activation_checkpointing, AC_MODES)
+        checks.positive("parallelism.ac_every_k", self.ac_every_k)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    """Optimizer steps."""
+    global_batch_size: int = 32
+    """Samples per optimizer step over all ranks."""
+    micro_batch_size: int = 8
+    """Samples per rank per forward/backward; the rest is gradient accumulation."""
+    lr: float = 1e-4
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = 0.01
+    warmup_steps: int = 100
+    """Linear warm-up, then cosine decay to zero."""
+    grad_clip: float = 1.0
+    """Max global gradient norm; 0 disables clipping."""
+    seed: int = 0
+    log_every: int = 10
+    """Steps between metric logs."""
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "global_batch_size", "micro_batch_size", "lr", "log_every"):
+            checks.positive(f"train.{key}", getattr(self, key))
+        for key in ("weight_decay", "warmup_steps", "grad_clip"):
+            checks.positive(f"train.{key}", getattr(self, key), allow_zero=True)
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    mode: str = "bf16"
+    """fp32, bf16 (mixed, fp32 reduce) or fp8 (matmuls in float8, the rest bf16)."""
+    fp8_backend: str = "torchao"
+    """te (transformer-engine, GPU) or torchao (also runs on CPU)."""
+    fp8_recipe: str = "current"
+    """Scaling for te: delayed, current or block."""
+
+    def __post_init__(self) -> None:
+        checks.choice("precision.mode", self.mode, ("fp32", "bf16", "fp8"))
+        checks.choice("precision.fp8_backend", self.fp8_backend, ("torchao", "te"))
+        checks.choice("precision.fp8_recipe", self.fp8_recipe, ("current", "delayed", "block"))
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 500
+    """Save a DCP checkpoint every N steps (and at the end, and on preemption)."""
+    keep_latest_k: int = 3
+    """Complete checkpoints kept; at least 2 (the newest may be half-written when a job dies)."""
+    async_save: bool = True
+    """Save in the background on a dedicated gloo group."""
+    export_final: bool = True
+    """Write consolidated safetensors + resolved config after training (used by evaluation)."""
+
+    def __post_init__(self) -> None:
+        checks.positive("checkpoint.every_steps", self.every_steps)
+        if self.keep_latest_k < 2:
+            raise ConfigError(f"keep_latest_k={self.keep_latest_k} would leave no safe "
+                                     "checkpoint while the newest is being written",
+                                     key="checkpoint.keep_latest_k", fix="set checkpoint.keep_latest_k=2")
+
+
+EVAL_SUITES = ("metaworld", "pusht")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    enabled: bool = True
+    """Chain an evaluation array job and a report job after training."""
+    suite: str = "metaworld"
+    """Simulator suite: metaworld or pusht."""
+    tasks: list[str] = field(default_factory=lambda: ["reach-v3"])
+    """Tasks of the suite (MetaWorld: names, or MT10 / MT50)."""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    """Environment seeds; every task runs every seed."""
+    episodes_per_task: int = 10
+    """Episodes per (task, seed)."""
+    shards: int = 4
+    """Array elements the (task, seed, episode) grid is split into."""
+    array_parallelism: int = 8
+    """At most this many shards run at once (sbatch --array=...%N)."""
+    cpus_per_task: int = 1
+    mem: str = "4G"
+    time: str = "00:30:00"
+    """Time limit per shard."""
+    every_k_checkpoints: int = 0
+    """Also evaluate every k-th checkpoint while training runs (0 = only after training)."""
+
+    def __post_init__(self) -> None:
+        checks.choice("eval.suite", self.suite, EVAL_SUITES)
+        if not self.tasks:
+            raise ConfigError("needs at least one task", key="eval.tasks")
+        if not self.seeds:
+            raise ConfigError("needs at least one seed", key="eval.seeds")
+        for key in ("episodes_per_task", "shards", "array_parallelism", "cpus_per_task"):
+            checks.positive(f"eval.{key}", getattr(self, key))
+        checks.positive("eval.every_k_checkpoints", self.every_k_checkpoints, allow_zero=True)
+        checks.slurm_mem("eval.mem", self.mem)
+        checks.slurm_time_minutes("eval.time", self.time)
+        num_episodes = len(self.tasks) * len(self.seeds) * self.episodes_per_task
+        if self.shards > num_episodes:
+            raise ConfigError(
+                f"{self.shards} shards for {num_episodes} episodes would leave shards empty",
+                key="eval.shards", fix=f"set eval.shards={num_episodes} or fewer")
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    enabled: bool = True
+    """Log to MLflow (rank 0 of training, the report job)."""
+    mlflow_uri: str | None = None
+    """Tracking URI (site profiles set it); default: sqlite file under the runs root."""
+    experiment: str | None = None
+    """MLflow experiment; default: job.experiment."""
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    image: str | None = None
+    """pyxis/enroot image (srun --container-image); unset = run on the host."""
+    mounts: list[str] = field(default_factory=list)
+    """srun --container-mounts entries, SRC:DST[:FLAGS]."""
+    workdir: str | None = None
+    """srun --container-workdir."""
+    extra_args: list[str] = field(default_factory=list)
+    """Further srun arguments for the container (each one argument, quoted when rendered)."""
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    name: str = "none"
+    """Site profile name (informational)."""
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    """sbatch --constraint, e.g. a GPU model feature."""
+    exclusive: bool = False
+    """Whole nodes for training (sbatch --exclusive)."""
+    gpu_request: str = "gpus-per-node"
+    """How GPUs are requested: gpus-per-node, gres (--gres=gpu:N) or none."""
+    modules: list[str] = field(default_factory=list)
+    """Environment modules loaded before the job runs (module load ...)."""
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables exported in every job."""
+    python: str | None = None
+    """Python on the compute nodes; default: the interpreter that runs embodyhpc submit."""
+    templates_dir: str | None = None
+    """Folder of admin-adapted sbatch templates that replace the shipped ones (same names)."""
+    extra_sbatch: dict[str, str] = field(default_factory=dict)
+    """Further #SBATCH options for every job, e.g. {reservation: myres}."""
+
+    def __post_init__(self) -> None:
+        checks.choice("site.gpu_request", self.gpu_request, ("gpus-per-node", "gres", "none"))
+        checks.env_names("site.env", dict(self.env))
+        checks.sbatch_options("site.extra_sbatch", dict(self.extra_sbatch))
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole recipe after defaults, base recipes, site profile and overrides."""
+
+    job: JobConfig = field(default_factory=JobConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    staging: StagingConfig = field(default_factory=StagingConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    site: SiteConfig = field(default_factory=SiteConfig)
+
+
+# Keys a site profile may set: what belongs to a cluster, not to an experiment.
+SITE_KEYS = ("site", "network", "job.runs_root", "staging.nvme_dir", "tracking.mlflow_uri")

@@ -1,0 +1,41 @@
+"""Errors a user can act on.
+
+`UserError` and its subclasses are bad input: the CLI prints them on one line and exits 2.
+Anything else is a runtime failure (exit 1).
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input. `where` names the file or override, `key` the recipe key, `fix` what to do."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, where: str | None = None, key: str | None = None,
+                 fix: str | None = None, related: tuple[str, ...] = ()) -> None:
+        self.message = message
+        self.related = related  # other keys involved in a cross-section check
+        self.where = where
+        self.key = key
+        self.fix = fix
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        parts = [p for p in (self.where, self.key) if p]
+        text = ": ".join([*parts, self.message])
+        if self.fix:
+            text += f" (fix: {self.fix})"
+        return " ".join(text.split())  # one line, always
+
+
+class ConfigError(UserError):
+    """A recipe, site profile or override is wrong."""
+
+
+class RunDirError(UserError):
+    """A run directory is missing or not an embodyhpc run."""
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed (runtime failure, exit 1)."""

@@ -1,0 +1,1 @@
+"""Simulation evaluation: shard planning, rollouts, aggregation."""

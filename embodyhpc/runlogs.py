@@ -1,0 +1,48 @@
+"""Find and follow the per-task log files submitit writes for each job of a run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from embodyhpc.rundir import RunInfo
+from embodyhpc.slurm.render import submitit_folder
+
+
+def log_files(info: RunInfo, kind: str | None = None) -> list[tuple[str, Path]]:
+    """(label, path) for every existing stdout/stderr file of the chosen jobs, in chain order."""
+    folder = submitit_folder(Path(info.run_dir))
+    found: list[tuple[str, Path]] = []
+    for record in info.jobs.values():
+        if kind and record.kind != kind or not record.job_id:
+            continue
+        if record.element_ids:  # local arrays: one process per element
+            prefixes = [(f"{record.kind}[{i}]", eid) for i, eid in enumerate(record.element_ids)]
+        elif record.array_size:
+            prefixes = [(f"{record.kind}[{i}]", f"{record.job_id}_{i}") for i in range(record.array_size)]
+        else:
+            prefixes = [(record.kind, record.job_id)]
+        for label, prefix in prefixes:
+            for path in sorted(folder.glob(f"{prefix}_*_log.*")):
+                task = path.name[len(prefix) + 1:].split("_")[0]
+                found.append((f"{label} task {task} {path.suffix[1:]}", path))
+    return found
+
+
+def follow(paths: Callable[[], list[tuple[str, Path]]], done: Callable[[], bool],
+           poll_s: float = 1.0) -> Iterator[str]:
+    """Yield new lines from every log file until `done()` and nothing more arrives."""
+    offsets: dict[Path, int] = {}
+    while True:
+        finished = done()
+        for label, path in paths():
+            with path.open("rb") as f:
+                f.seek(offsets.get(path, 0))
+                data = f.read()
+                offsets[path] = f.tell()
+            for line in data.decode(errors="replace").splitlines():
+                yield f"[{label}] {line}"
+        if finished:
+            return
+        time.sleep(poll_s)

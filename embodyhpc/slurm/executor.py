@@ -1,0 +1,69 @@
+"""submitit's Slurm executor, with our rendered template as the sbatch text.
+
+submitit keeps doing what it is good at (pickling the task, requeue on timeout/preemption,
+job paths, result files); the script text comes from `render.render_job`, so what
+`embodyhpc render` prints is what sbatch receives. Dependencies go on the sbatch command line,
+which keeps the script text independent of job ids.
+
+This overrides private submitit methods (`_make_submission_file_text`,
+`_make_submission_command`, the array branch of `_internal_process_submissions`); the
+submitit range is pinned in pyproject.toml and tests/slurm/test_submitit_internals.py fails
+loudly when their signatures or behaviour change.
+"""
+
+from __future__ import annotations
+
+import shlex
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from submitit.core import utils as submitit_utils
+from submitit.slurm.slurm import SlurmExecutor, SlurmJob
+
+from embodyhpc.slurm.render import JobShape
+
+
+class RecipeExecutor(SlurmExecutor):
+    def __init__(self, folder: Path, *, shape: JobShape, script: Callable[[str], str], python: str,
+                 sbatch_args: list[str] | None = None, max_num_timeout: int = 3) -> None:
+        super().__init__(folder, max_num_timeout=max_num_timeout, python=shlex.quote(python))
+        self._shape = shape
+        self._script = script
+        self._sbatch_args = list(sbatch_args or [])
+        self.submitted_text: str | None = None
+        # submitit reads these for the task count, timeouts and the array's size
+        self.update_parameters(nodes=shape.nodes, ntasks_per_node=shape.tasks_per_node,
+                               time=shape.time_min, array_parallelism=max(shape.array_parallelism, 1))
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        self.submitted_text = self._script(command)
+        return self.submitted_text
+
+    def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+        return ["sbatch", *self._sbatch_args, str(submission_file_path)]
+
+    def _internal_process_submissions(self, delayed_submissions: list[Any]) -> list[Any]:
+        if not self._shape.array_size:
+            if len(delayed_submissions) != 1:
+                raise ValueError("a non-array job takes exactly one submission")
+            return super()._internal_process_submissions(delayed_submissions)
+        # submitit's own array branch builds a fresh SlurmExecutor (our template would be lost)
+        count = len(delayed_submissions)
+        if count != self._shape.array_size:
+            raise ValueError(f"the rendered array has {self._shape.array_size} elements, got {count} tasks")
+        folder = submitit_utils.JobPaths.get_first_id_independent_folder(self.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        pickles = []
+        for delayed in delayed_submissions:
+            path = folder / f"{uuid.uuid4().hex}.pkl"
+            delayed.set_timeout(self.parameters["time"], self.max_num_timeout)
+            delayed.dump(path)
+            pickles.append(path)
+        first = self._submit_command(self._submitit_command_str)
+        tasks = list(range(first.num_tasks))
+        jobs = [SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{i}", tasks=tasks) for i in range(count)]
+        for job, path in zip(jobs, pickles, strict=True):
+            job.paths.move_temporary_file(path, "submitted_pickle")
+        return jobs

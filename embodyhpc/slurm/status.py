@@ -1,0 +1,129 @@
+"""What each job of a run's chain is doing: from sacct/squeue (slurm) or run.json (local)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from embodyhpc.rundir import RunInfo
+from embodyhpc.slurm import commands
+
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+# the worst state of an array wins its summary
+_SEVERITY = ("COMPLETED", "PENDING", "REQUEUED", "RUNNING", "COMPLETING", "CANCELLED", "TIMEOUT",
+             "PREEMPTED", "OUT_OF_MEMORY", "NODE_FAIL", "FAILED")
+
+
+@dataclass
+class JobStatus:
+    kind: str
+    job_id: str | None
+    state: str
+    reason: str | None = None
+    exit_code: int | None = None
+    nodes: str | None = None
+    elapsed: str | None = None
+    array_size: int = 0
+    array_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.state not in ACTIVE and self.state != "UNKNOWN"
+
+
+def _exit_code(text: str) -> int | None:
+    code, _, sig = text.partition(":")
+    if not code.isdigit():
+        return None
+    return int(code) if int(code) or not sig.isdigit() else 128 + int(sig) if int(sig) else 0
+
+
+def _array_count(job_id: str) -> int:
+    """123_[2-5%4] -> 4 elements, 123_7 -> 1."""
+    match = re.search(r"_\[([^\]%]*)", job_id)
+    if not match:
+        return 1
+    total = 0
+    for part in match.group(1).split(","):
+        lo, _, hi = part.partition("-")
+        total += int(hi) - int(lo) + 1 if hi else 1
+    return total
+
+
+def _summarise_array(states: Counter) -> str:
+    if not states:
+        return "UNKNOWN"
+    if states.get("RUNNING"):
+        return "RUNNING"
+    if set(states) <= {"COMPLETED"}:
+        return "COMPLETED"
+    if set(states) <= {"PENDING", "COMPLETED", "REQUEUED"}:
+        return "PENDING"
+    return max(states, key=lambda s: _SEVERITY.index(s) if s in _SEVERITY else len(_SEVERITY))
+
+
+def _slurm_rows(job_ids: list[str]) -> dict[str, list[dict[str, str]]]:
+    """Rows per submitted job id (arrays: one row per element or pending range)."""
+    fields = ["JobID", "State", "ExitCode", "Reason", "NodeList", "Elapsed"]
+    out = commands.run(["sacct", "--noheader", "--parsable2", "--allocations",
+                        f"--jobs={','.join(job_ids)}", f"--format={','.join(fields)}"])
+    rows: dict[str, dict[str, str]] = {}
+    for line in out.splitlines():
+        values = line.split("|")
+        if len(values) == len(fields):
+            row = dict(zip(fields, values, strict=True))
+            row["State"] = row["State"].split()[0]  # "CANCELLED by 0" -> CANCELLED
+            rows[row["JobID"]] = row
+    # squeue is fresher for jobs still queued or running (sacct may lag a second)
+    live = commands.run(["squeue", "--noheader", f"--jobs={','.join(job_ids)}",
+                         "--format=%i|%T|%r|%N"], check=False)
+    for line in live.splitlines():
+        values = line.split("|")
+        if len(values) == 4:
+            job_id, state, reason, nodes = values
+            row = rows.setdefault(job_id, {"JobID": job_id, "ExitCode": "", "Elapsed": ""})
+            row.update(State=state, Reason=reason, NodeList=nodes)
+    grouped: dict[str, list[dict[str, str]]] = {j: [] for j in job_ids}
+    for job_id, row in rows.items():
+        base = job_id.split("_")[0].split(".")[0]
+        if base in grouped:
+            grouped[base].append(row)
+    return grouped
+
+
+def chain_status(info: RunInfo) -> list[JobStatus]:
+    records = list(info.jobs.values())
+    if info.backend == "local":
+        return [JobStatus(kind=r.kind, job_id=r.job_id, state=r.state or "UNKNOWN", reason=r.reason,
+                          exit_code=r.exit_code, array_size=r.array_size, array_counts=dict(r.array_counts))
+                for r in records]
+    ids = [r.job_id for r in records if r.job_id]
+    grouped = _slurm_rows(ids) if ids else {}
+    statuses = []
+    for record in records:
+        rows = grouped.get(record.job_id or "", [])
+        if record.array_size:
+            counts: Counter = Counter()
+            for row in rows:
+                if "_" in row["JobID"]:
+                    counts[row["State"]] += _array_count(row["JobID"])
+            parent = next((r for r in rows if r["JobID"] == record.job_id), None)
+            if not counts and parent:  # the whole array still pending as one row
+                counts[parent["State"]] = record.array_size
+            reasons = {r["Reason"] for r in rows if r.get("Reason") not in (None, "", "None")}
+            codes = [_exit_code(r["ExitCode"]) for r in rows if r.get("ExitCode")]
+            statuses.append(JobStatus(
+                kind=record.kind, job_id=record.job_id, state=_summarise_array(counts),
+                reason=", ".join(sorted(reasons)) or None,
+                exit_code=max((c for c in codes if c is not None), default=None),
+                array_size=record.array_size, array_counts=dict(counts)))
+        else:
+            row = rows[0] if rows else {}
+            reason = row.get("Reason")
+            statuses.append(JobStatus(
+                kind=record.kind, job_id=record.job_id, state=row.get("State", "UNKNOWN"),
+                reason=None if reason in (None, "", "None") else reason,
+                exit_code=_exit_code(row.get("ExitCode", "")), nodes=row.get("NodeList") or None,
+                elapsed=row.get("Elapsed") or None))
+    return statuses

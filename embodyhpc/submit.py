@@ -1,0 +1,136 @@
+"""What the CLI's run commands do: create the run directory, submit (Slurm or local), report.
+
+The backend is Slurm when a controller answers, else the local machine (with a message);
+`--local` asks for the local machine explicitly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from embodyhpc.config.load import LoadedRecipe
+from embodyhpc.config.schema import JobConfig
+from embodyhpc.rundir import RESOLVED_YAML, RunInfo, new_run_dir
+from embodyhpc.slurm.render import render_job
+
+Progress = Callable[[str], None]
+
+
+def default_run_dir(job: JobConfig) -> Path:
+    """The folder `submit` would create now (render shows scripts for it)."""
+    root = Path(job.runs_root).expanduser().resolve()
+    return root / job.experiment / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def dry_run(loaded: LoadedRecipe, python: str) -> str:
+    run_dir = default_run_dir(loaded.config.job)
+    kinds = ["train", "eval", "report"] if loaded.config.eval.enabled else ["train", "report"]
+    deps = {"train": "", "eval": "--dependency=afterok:<train> --kill-on-invalid-dep=yes ",
+            "report": f"--dependency=afterany:<train>{':<eval>' if 'eval' in kinds else ''} "}
+    out = [f"# dry run: nothing submitted; run directory would be {run_dir}"]
+    for kind in kinds:
+        out.append(f"# sbatch {deps[kind]}{shlex.quote(str(run_dir / 'scripts' / f'{kind}.sbatch'))}")
+        out.append(render_job(loaded, kind, run_dir, python))
+    return "\n".join(out)
+
+
+def submit(loaded: LoadedRecipe, python: str, *, local: bool = False,
+           progress: Progress = print) -> RunInfo:
+    from embodyhpc.slurm import commands
+
+    backend = "local"
+    if not local:
+        ok, why = commands.reachable()
+        if ok:
+            backend = "slurm"
+        else:
+            progress(f"no Slurm cluster reachable ({why}): running the chain on this machine (--local)")
+    job = loaded.config.job
+    for kind in ("train", "eval", "report"):  # a broken template fails before anything exists
+        if kind != "eval" or loaded.config.eval.enabled:
+            render_job(loaded, kind, Path("/nonexistent-run-dir"), python)
+    run_dir = new_run_dir(job.runs_root, job.experiment, job.name)
+    (run_dir / RESOLVED_YAML).write_text(loaded.to_yaml())
+    info = RunInfo(run_id=run_dir.name, run_dir=str(run_dir), backend=backend, recipe=loaded.recipe,
+                   site=loaded.site, overrides=list(loaded.overrides), python=python,
+                   created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    info.save()
+    progress(f"run directory: {run_dir}")
+    if backend == "slurm":
+        from embodyhpc.slurm.chain import submit_chain
+
+        return submit_chain(loaded, run_dir, info, on_submit=lambda r: progress(
+            f"submitted {r.kind}: job {r.job_id}" + (f" ({r.dependency})" if r.dependency else "")))
+    from embodyhpc.slurm.local import run_local_chain
+
+    for kind in ("train", "eval", "report"):  # the scripts a cluster would get, for reference
+        if kind != "eval" or loaded.config.eval.enabled:
+            (run_dir / "scripts" / f"{kind}.sbatch").write_text(render_job(loaded, kind, run_dir, python))
+    return run_local_chain(loaded, run_dir, info, progress=progress)
+
+
+def _progress_text(status) -> str:
+    if status.array_size:
+        counts = status.array_counts
+        parts = [f"{counts.get('COMPLETED', 0)}/{status.array_size} done"]
+        parts += [f"{n} {s.lower()}" for s, n in sorted(counts.items()) if s != "COMPLETED"]
+        text = ", ".join(parts)
+        return f"{text}; {status.reason}" if status.reason else text
+    return status.reason or ""
+
+
+def status_report(run_dir: Path, *, as_json: bool = False) -> str:
+    from embodyhpc.launch.report import REPORT_FILE
+    from embodyhpc.slurm.status import chain_status
+
+    info = RunInfo.load(run_dir)
+    statuses = chain_status(info)
+    report_path = Path(info.run_dir) / REPORT_FILE
+    report = json.loads(report_path.read_text()) if report_path.is_file() else None
+    if as_json:
+        return json.dumps({"run_dir": info.run_dir, "backend": info.backend,
+                           "jobs": [dataclasses.asdict(s) for s in statuses], "report": report},
+                          indent=2) + "\n"
+    lines = [f"run {info.run_dir} ({info.backend}; {info.recipe}" + (f" + {info.site})" if info.site else ")"),
+             f"{'JOB':<7} {'ID':<10} {'STATE':<11} {'EXIT':<5} {'NODES':<10} PROGRESS / REASON"]
+    for s in statuses:
+        code = "-" if s.exit_code is None else str(s.exit_code)
+        lines.append(f"{s.kind:<7} {s.job_id or '-':<10} {s.state:<11} {code:<5} {s.nodes or '-':<10} "
+                     f"{_progress_text(s)}".rstrip())
+    if report:
+        lines.append(f"report: {report['outcome']}: {report['why']}")
+    return "\n".join(lines) + "\n"
+
+
+def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iterator[str]:
+    from embodyhpc.runlogs import follow as follow_logs
+    from embodyhpc.runlogs import log_files
+    from embodyhpc.slurm.status import chain_status
+
+    info = RunInfo.load(run_dir)
+    if not follow:
+        for label, path in log_files(info, kind):
+            yield f"===== {label}: {path}"
+            yield from path.read_text(errors="replace").splitlines()
+        return
+
+    def done() -> bool:
+        fresh = RunInfo.load(run_dir)
+        return all(s.finished for s in chain_status(fresh) if kind is None or s.kind == kind)
+
+    yield from follow_logs(lambda: log_files(RunInfo.load(run_dir), kind), done)
+
+
+def cancel_run(run_dir: Path) -> str:
+    info = RunInfo.load(run_dir)
+    if info.backend != "slurm":
+        return "local runs stop with their `embodyhpc submit` process (Ctrl-C); nothing to cancel"
+    from embodyhpc.slurm.chain import cancel_chain
+
+    ids = cancel_chain(info)
+    return f"cancelled jobs {' '.join(ids)}"

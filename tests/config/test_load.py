@@ -1,0 +1,99 @@
+"""Loading recipes: defaults, base recipes, site profiles, overrides, provenance."""
+
+from __future__ import annotations
+
+import pytest
+
+from embodyhpc.config.load import load_recipe, shipped_recipes, shipped_sites
+from embodyhpc.errors import ConfigError
+
+NEEDS = ["data.root=/data/set", "site.account=robotics"]
+
+
+def test_shipped_inventory():
+    assert shipped_recipes() == ["demo_metaworld_cpu", "pi05_bf16", "pi05_fp8"]
+    assert shipped_sites() == ["example_ib", "example_roce", "local"]
+
+
+@pytest.mark.parametrize("site", ["local", "example_ib", "example_roce"])
+@pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "pi05_bf16", "pi05_fp8"])
+def test_every_shipped_recipe_loads_on_every_site(recipe, site):
+    overrides = NEEDS if recipe != "demo_metaworld_cpu" else ["site.account=robotics"] * (site != "local")
+    loaded = load_recipe(recipe, overrides, site=site)
+    assert loaded.resolved.world_size == loaded.config.resources.nodes * loaded.resolved.procs_per_node
+
+
+def test_fp8_recipe_inherits_from_bf16_and_overrides_precision():
+    fp8 = load_recipe("recipes/pi05_fp8.yaml", ["data.root=/d"])
+    bf16 = load_recipe("recipes/pi05_bf16.yaml", ["data.root=/d"])
+    assert fp8.config.precision.mode == "fp8" and bf16.config.precision.mode == "bf16"
+    assert fp8.config.job.name == "pi05-fp8"
+    assert fp8.config.model == bf16.config.model and fp8.config.train == bf16.config.train
+    assert (fp8.resolved.world_size, fp8.resolved.dp_replicate, fp8.resolved.dp_shard) == (32, 4, 8)
+    assert fp8.config.model.size == "full"
+    assert fp8.provenance["precision.mode"].endswith("pi05_fp8.yaml")
+    assert fp8.provenance["model.size"].endswith("pi05_bf16.yaml")
+
+
+def test_precedence_defaults_recipe_site_overrides():
+    loaded = load_recipe("pi05_bf16", [*NEEDS, "job.runs_root=/override"], site="example_ib")
+    assert loaded.config.job.runs_root == "/override"  # override beats site
+    assert loaded.config.tracking.mlflow_uri.startswith("http://")  # site
+    assert loaded.config.train.lr == 5e-5  # recipe beats defaults
+    assert loaded.config.checkpoint.async_save is True  # schema default
+    assert loaded.provenance["job.runs_root"] == "override 'job.runs_root=/override'"
+    assert loaded.provenance["network.fabric"] == "embodyhpc:sites/example_ib.yaml"
+
+
+def test_site_from_environment(monkeypatch):
+    monkeypatch.setenv("EMBODYHPC_SITE", "local")
+    assert load_recipe("demo_metaworld_cpu").config.site.partition == "debug"
+    monkeypatch.delenv("EMBODYHPC_SITE")
+    assert load_recipe("demo_metaworld_cpu").config.site.partition is None
+
+
+def test_user_recipe_with_relative_base_and_shipped_base(tmp_path):
+    (tmp_path / "mine.yaml").write_text("base: parent.yaml\ntrain: {steps: 70}\n")
+    (tmp_path / "parent.yaml").write_text("base: demo_metaworld_cpu\ntrain: {lr: 0.5}\n")
+    loaded = load_recipe(str(tmp_path / "mine.yaml"))
+    assert (loaded.config.train.steps, loaded.config.train.lr) == (70, 0.5)
+    assert loaded.config.job.name == "demo-metaworld"
+
+
+def test_site_profile_from_path(tmp_path):
+    site = tmp_path / "cluster.yaml"
+    site.write_text("site: {partition: big, qos: high}\nnetwork: {fabric: ib, hcas: ['mlx5_0:1']}\n")
+    loaded = load_recipe("demo_metaworld_cpu", site=str(site))
+    assert (loaded.config.site.partition, loaded.config.network.fabric) == ("big", "ib")
+    assert loaded.site == str(site)
+
+
+def test_interpolation_between_keys():
+    loaded = load_recipe("demo_metaworld_cpu", ["job.experiment=${job.name}-exp"])
+    assert loaded.config.job.experiment == "demo-metaworld-exp"
+
+
+def test_config_is_frozen():
+    loaded = load_recipe("demo_metaworld_cpu")
+    with pytest.raises(Exception):
+        loaded.config.train.steps = 3  # type: ignore[misc]
+
+
+def test_resolved_yaml_round_trips(tmp_path):
+    from embodyhpc.config.load import load_resolved
+
+    loaded = load_recipe("pi05_fp8", [*NEEDS], site="example_ib")
+    (tmp_path / "resolved.yaml").write_text(loaded.to_yaml())
+    assert load_resolved(tmp_path) == loaded.config
+
+
+def test_batch_arithmetic():
+    loaded = load_recipe("demo_metaworld_cpu", ["train.global_batch_size=64", "train.micro_batch_size=8"])
+    assert loaded.resolved.grad_accum_steps == 4  # 64 / (8 x 2 ranks)
+
+
+def test_cross_section_error_blames_the_latest_layer():
+    with pytest.raises(ConfigError) as info:
+        load_recipe("demo_metaworld_cpu", ["resources.nodes=3"])
+    assert info.value.where == "override 'resources.nodes=3'"
+    assert "world_size=3" in info.value.message

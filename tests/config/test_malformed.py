@@ -1,0 +1,133 @@
+"""Bad recipes, site profiles and overrides: one line naming where and which key, exit 2,
+and nothing rendered or submitted."""
+
+from __future__ import annotations
+
+import pytest
+
+DEMO = "demo_metaworld_cpu"
+
+# (override args, the key the message must name, a fragment of the message)
+BAD_OVERRIDES = [
+    (["train.stepz=3"], "train.stepz", "did you mean train.steps"),
+    (["trian.steps=3"], "trian", "did you mean train"),
+    (["resources.gpus=2"], "resources.gpus", "did you mean resources.gpus_per_node"),
+    (["train.steps=abc"], "train.steps", "wrong type"),
+    (["train.lr=fast"], "train.lr", "wrong type"),
+    (["staging.enabled=maybe"], "staging.enabled", "wrong type"),
+    (["eval.tasks=reach-v3"], "eval.tasks", "expected a list"),
+    (["train.steps=null"], "train.steps", "wrong type"),
+    (["resources=4"], "resources", "must be a mapping"),
+    (["train.steps=0"], "train.steps", "must be > 0"),
+    (["train.lr=-1"], "train.lr", "must be > 0"),
+    (["resources.nodes=0"], "resources.nodes", "must be > 0"),
+    (["resources.time=25:99"], "resources.time", "out of range"),
+    (["resources.time=1:2:3:4"], "resources.time", "not a Slurm time limit"),
+    (["resources.time=two hours"], "resources.time", "not a Slurm time limit"),
+    (["resources.time=0"], "resources.time", "zero"),
+    (["resources.mem=12X"], "resources.mem", "not a Slurm memory size"),
+    (["resources.signal_delay_s=5000"], "resources.signal_delay_s", "not shorter than the time limit"),
+    (["resources.nodes=3"], "train.global_batch_size", "not a multiple"),
+    (["parallelism.dp_shard=3"], "parallelism.dp_shard", "must equal the world size"),
+    (["parallelism.dp_replicate=3"], "parallelism.dp_replicate", "not divisible"),
+    (["parallelism.activation_checkpointing=some"], "parallelism.activation_checkpointing", "not one of"),
+    (["checkpoint.keep_latest_k=1"], "checkpoint.keep_latest_k", "no safe checkpoint"),
+    (["precision.mode=fp4"], "precision.mode", "not one of"),
+    (["precision.mode=fp8", "precision.fp8_backend=te"], "precision.fp8_backend", "needs GPUs"),
+    (["model.size=huge"], "model.size", "not one of"),
+    (["data.format=lerobot"], "data.root", "needs a dataset folder"),
+    (["staging.enabled=true"], "staging.enabled", "synthetic"),
+    (["eval.shards=1000"], "eval.shards", "leave shards empty"),
+    (["eval.tasks=[]"], "eval.tasks", "at least one task"),
+    (["network.fabric=roce"], "network.gid_index", "GID index"),
+    (["network.fabric=infiniband"], "network.fabric", "not one of"),
+    (["network.extra_env={'BAD-NAME': x}"], "network.extra_env.BAD-NAME", "not a valid environment variable"),
+    (["site.extra_sbatch={'--bad': x}"], "site.extra_sbatch.--bad", "not an sbatch long option"),
+    (["job.name=a/b"], "job.name", "without '/'"),
+    (["train.steps"], None, "overrides are key=value"),
+    (["=3"], None, "overrides are key=value"),
+    (["train..steps=3"], None, "overrides are key=value"),
+]
+
+
+def _assert_rejected(result, *fragments):
+    assert result.code == 2, (result.code, result.out, result.err)
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.err
+    for fragment in fragments:
+        if fragment:
+            assert fragment in lines[0], (fragment, lines[0])
+    assert result.out == ""
+
+
+@pytest.mark.parametrize(("overrides", "key", "message"), BAD_OVERRIDES,
+                         ids=[" ".join(o) for o, _, _ in BAD_OVERRIDES])
+def test_bad_override_is_one_line_exit_2(cli, overrides, key, message):
+    result = cli("validate", DEMO, *overrides)
+    _assert_rejected(result, key, message, "override ")
+
+
+@pytest.mark.parametrize(("overrides", "key", "message"), BAD_OVERRIDES[:6])
+def test_bad_override_submits_nothing(cli, runs_root, overrides, key, message):
+    result = cli("submit", DEMO, f"job.runs_root={runs_root}", *overrides)
+    _assert_rejected(result, key, message)
+    assert list(runs_root.iterdir()) == []
+
+
+BAD_FILES = [
+    ("train: [1, 2\n", "invalid YAML", "line"),
+    ("- a\n- b\n", "top level must be a mapping", None),
+    ("trainn:\n  steps: 3\n", "unknown key", "trainn"),
+    ("train:\n  steps: many\n", "wrong type", "train.steps"),
+    ("train: 5\n", "must be a mapping", "train"),
+    ("base: does_not_exist.yaml\n", "base recipe 'does_not_exist.yaml' not found", "base"),
+    ("base: 42\n", "must name a recipe file", "base"),
+    ("data:\n  format: lerobot\n  root: ???\n", "missing value", "data.root"),
+    ("job:\n  name: \"x\\ny\"\n", "newline or control character", "job.name"),
+    ("site:\n  partition: \"gpu\\n#SBATCH --x\"\n", "newline or control character", "site.partition"),
+]
+
+
+@pytest.mark.parametrize(("text", "message", "key"), BAD_FILES, ids=[m for _, m, _ in BAD_FILES])
+def test_bad_recipe_file(cli, tmp_path, text, message, key):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    result = cli("render", str(path))
+    _assert_rejected(result, message, key, str(path))
+
+
+def test_base_cycle(cli, tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    _assert_rejected(cli("validate", str(tmp_path / "a.yaml")), "cycle", "base")
+
+
+def test_unknown_recipe_suggests_a_shipped_one(cli):
+    _assert_rejected(cli("validate", "demo_metaworld"), "recipe not found", "did you mean 'demo_metaworld_cpu'")
+
+
+def test_unknown_site(cli):
+    _assert_rejected(cli("validate", DEMO, "--site", "nowhere"), "site profile not found", "nowhere")
+
+
+def test_site_profile_may_not_set_experiment_keys(cli, tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text("site: {partition: gpu}\ntrain: {lr: 1.0}\n")
+    _assert_rejected(cli("validate", DEMO, "--site", str(site)), "only set cluster keys", "train.lr", str(site))
+
+
+def test_missing_value_in_shipped_site_names_the_fix(cli):
+    result = cli("validate", DEMO, "--site", "example_ib")
+    _assert_rejected(result, "site.account", "missing value", "site.account=")
+
+
+def test_unknown_job_kind(cli):
+    _assert_rejected(cli("render", DEMO, "--job", "stage"), "--job", "train, eval, report")
+
+
+def test_debug_variable_shows_traceback(cli, monkeypatch):
+    from embodyhpc.errors import ConfigError
+
+    monkeypatch.setenv("EMBODYHPC_DEBUG", "1")
+    with pytest.raises(ConfigError):
+        cli("validate", DEMO, "train.stepz=1")

@@ -1,0 +1,71 @@
+"""Shared fixtures: the CLI run in-process, a runs root per test, the local Slurm cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SLURM_CONF = "/tmp/slurm-local/etc/slurm.conf"
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """Run `embodyhpc ARGS` in this process through the real entry point (exit codes included)."""
+    from embodyhpc.cli.main import main
+
+    def run(*args: str) -> CliResult:
+        monkeypatch.setattr(sys, "argv", ["embodyhpc", *args])
+        capsys.readouterr()
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture
+def runs_root(tmp_path) -> Path:
+    root = tmp_path / "runs"
+    root.mkdir()
+    return root
+
+
+def _slurm_up() -> tuple[bool, str]:
+    os.environ.setdefault("SLURM_CONF", DEFAULT_SLURM_CONF)
+    try:
+        proc = subprocess.run(["sinfo", "--noheader", "--format=%T"], capture_output=True, text=True, timeout=15)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+        return False, f"sinfo unavailable: {exc}"
+    if proc.returncode != 0:
+        return False, f"sinfo failed: {proc.stderr.strip()}"
+    return True, proc.stdout
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The local 2-node cluster (tools/slurm-local.sh start). In CI its absence is a failure."""
+    up, why = _slurm_up()
+    if not up:
+        message = (f"LOCAL SLURM CLUSTER NOT UP ({why}); start it with `bash tools/slurm-local.sh start` "
+                   "or run `make test`")
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return os.environ["SLURM_CONF"]

@@ -1,0 +1,148 @@
+"""Rendering: golden scripts for every shipped recipe x site, quoting, bash -n, admin templates."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from embodyhpc.config.load import load_recipe, shipped_recipes, shipped_sites
+from embodyhpc.slurm.render import JOB_KINDS, render_job
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+RUN_DIR = Path("/runs/golden/demo-20260101-000000")
+PYTHON = "/opt/embodyhpc/venv/bin/python"
+UPDATE = "EMBODYHPC_UPDATE_GOLDEN"
+
+
+def _overrides(recipe: str, site: str) -> list[str]:
+    out = [] if recipe == "demo_metaworld_cpu" else ["data.root=/data/lerobot/pick_place"]
+    return out + ([] if site == "local" else ["site.account=robotics"])
+
+
+def _render_all(recipe: str, site: str) -> str:
+    loaded = load_recipe(recipe, _overrides(recipe, site), site=site)
+    return "".join(f"# ===== {kind}.sbatch =====\n{render_job(loaded, kind, RUN_DIR, PYTHON)}"
+                   for kind in JOB_KINDS)
+
+
+CASES = [(r, s) for r in shipped_recipes() for s in shipped_sites()]
+
+
+@pytest.mark.parametrize(("recipe", "site"), CASES, ids=[f"{r}@{s}" for r, s in CASES])
+def test_golden(recipe, site):
+    text = _render_all(recipe, site)
+    path = GOLDEN / f"{recipe}@{site}.sbatch"
+    if os.environ.get(UPDATE):
+        path.write_text(text)
+    assert path.is_file(), f"no golden file {path}: run `{UPDATE}=1 pytest {__file__}`"
+    expected = path.read_text()
+    if text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
+                                            str(path), "rendered now"))
+        pytest.fail(f"rendered scripts drifted from {path.name}. If intended, accept with "
+                    f"`{UPDATE}=1 pytest {__file__}` and review the golden diff:\n{diff}")
+
+
+@pytest.mark.parametrize(("recipe", "site"), CASES, ids=[f"{r}@{s}" for r, s in CASES])
+def test_every_rendered_script_is_valid_bash(recipe, site, tmp_path):
+    loaded = load_recipe(recipe, _overrides(recipe, site), site=site)
+    for kind in JOB_KINDS:
+        script = tmp_path / f"{kind}.sh"
+        script.write_text(render_job(loaded, kind, RUN_DIR, PYTHON))
+        proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert proc.returncode == 0, (kind, proc.stderr)
+
+
+# relative marker (job.name may not hold '/'); scripts run with cwd = tmp_path
+HOSTILE = "x; touch pwned && echo $(touch pwned) `touch pwned` '\"$HOME"
+
+
+def test_hostile_recipe_values_render_inert(tmp_path):
+    """Every recipe string that reaches a script is quoted: executing it touches nothing."""
+    marker = tmp_path / "pwned"
+    evil = HOSTILE
+    quoted = json.dumps(evil)  # a YAML double-quoted scalar
+    overrides = [f"{key}={quoted}" for key in (
+        "site.partition", "site.account", "site.qos", "site.constraint", "job.name",
+        "site.env.EVIL", "network.extra_env.EVIL2", "network.socket_ifname", "site.extra_sbatch.comment",
+        "site.container.image", "site.container.workdir", "site.python")]
+    overrides += [f"site.modules=[{quoted}]", f"site.container.extra_args=[{quoted}]",
+                  f"network.hcas=[{quoted}]", "network.fabric=ib"]
+    loaded = load_recipe("demo_metaworld_cpu", overrides)
+    assert loaded.config.site.partition == evil
+    run_dir = tmp_path / "run dir; touch pwned"
+    for kind in JOB_KINDS:
+        text = render_job(loaded, kind, run_dir, loaded.config.site.python)
+        # run the script for real with srun/module replaced by no-op recorders
+        bindir = tmp_path / "bin"
+        bindir.mkdir(exist_ok=True)
+        for tool in ("srun", "module"):
+            (bindir / tool).write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" >> \"$RECORD\"\n")
+            (bindir / tool).chmod(0o755)
+        script = tmp_path / f"{kind}.sh"
+        script.write_text(text)
+        record = tmp_path / f"{kind}.args"
+        env = {"PATH": f"{bindir}:/usr/bin:/bin", "RECORD": str(record), "HOME": str(tmp_path)}
+        proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env,
+                              cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert not marker.exists(), f"{kind}: recipe text was executed"
+        args = record.read_text().splitlines()
+        # the hostile strings arrive at srun as single, intact arguments
+        if kind == "train":
+            assert evil in args  # container image/workdir/extra arg
+        assert str(run_dir / "submitit") in args
+
+
+def test_render_refuses_control_characters_even_from_code(tmp_path):
+    import jinja2
+
+    from embodyhpc.slurm.render import _finalize
+
+    with pytest.raises(jinja2.TemplateError):
+        _finalize("a\nb")
+
+
+def test_site_templates_dir_overrides_one_template(tmp_path):
+    (tmp_path / "report.sbatch.j2").write_text(
+        '{% extends "base.sbatch.j2" %}\n{% block before_srun %}\necho site-{{ kind }}\n{% endblock %}\n')
+    loaded = load_recipe("demo_metaworld_cpu", [f"site.templates_dir={tmp_path}"])
+    report = render_job(loaded, "report", RUN_DIR, PYTHON)
+    train = render_job(loaded, "train", RUN_DIR, PYTHON)
+    assert "echo site-report" in report and "site-" not in train
+    assert train == render_job(load_recipe("demo_metaworld_cpu"), "train", RUN_DIR, PYTHON)
+
+
+def test_missing_templates_dir_is_a_config_error(cli):
+    result = cli("render", "demo_metaworld_cpu", "site.templates_dir=/does/not/exist")
+    assert result.code == 2 and "site.templates_dir" in result.err
+
+
+def test_render_cli_prints_exactly_render_job(cli, tmp_path):
+    result = cli("render", "demo_metaworld_cpu", "--site", "local", "--job", "train", "--run-dir", str(tmp_path))
+    assert result.code == 0, result.err
+    loaded = load_recipe("demo_metaworld_cpu", site="local")
+    import sys
+
+    assert result.out == render_job(loaded, "train", tmp_path, sys.executable)
+
+
+def test_script_shape():
+    loaded = load_recipe("pi05_fp8", _overrides("pi05_fp8", "example_ib"), site="example_ib")
+    train = render_job(loaded, "train", RUN_DIR, PYTHON)
+    eval_ = render_job(loaded, "eval", RUN_DIR, PYTHON)
+    assert "#SBATCH --nodes=4\n" in train and "#SBATCH --ntasks-per-node=8\n" in train
+    assert "#SBATCH --gpus-per-node=8\n" in train and "#SBATCH --exclusive\n" in train
+    assert "#SBATCH --signal=USR2@300\n" in train and "#SBATCH --time=48:00:00\n" in train
+    assert "export NCCL_IB_HCA=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1\n" in train
+    assert "#SBATCH --array=0-29%30\n" in eval_ and "NCCL_IB_HCA" not in eval_
+    assert "%A_%a_%t_log.out" in eval_ and "--gpus" not in eval_
+    roce = load_recipe("pi05_fp8", _overrides("pi05_fp8", "example_roce"), site="example_roce")
+    text = render_job(roce, "train", RUN_DIR, PYTHON)
+    assert "#SBATCH --gres=gpu:8\n" in text and "module load cuda/12.4\n" in text
+    assert "export NCCL_IB_GID_INDEX=3\n" in text
