@@ -80,8 +80,9 @@ def _progress_text(status) -> str:
         parts = [f"{counts.get('COMPLETED', 0)}/{status.array_size} done"]
         parts += [f"{n} {s.lower()}" for s, n in sorted(counts.items()) if s != "COMPLETED"]
         text = ", ".join(parts)
-        return f"{text}; {status.reason}" if status.reason else text
-    return status.reason or ""
+        return f"{text}; {status.reason}" if status.reason and status.state != "COMPLETED" else text
+    # sacct keeps the last pending reason (e.g. Dependency) on finished jobs: show it only when useful
+    return status.reason or "" if status.state != "COMPLETED" else ""
 
 
 def status_report(run_dir: Path, *, as_json: bool = False) -> str:

@@ -1,0 +1,218 @@
+"""LeRobot v3.0 datasets on disk, read as a map-style torch Dataset.
+
+Layout (written by LeRobot >= 0.4):
+    meta/info.json                          codebase_version "v3.0", fps, features, path patterns
+    meta/tasks.parquet                      task_index per task string (the string is the pandas index)
+    meta/episodes/chunk-*/file-*.parquet    one row per episode: dataset_from_index/_to_index (global
+                                            frame rows [from, to)), data file, and per camera the video
+                                            file plus from_timestamp of the episode inside that file
+    data/chunk-*/file-*.parquet             one row per frame: non-video features
+    videos/<camera>/chunk-*/file-*.mp4      all episodes of one camera concatenated
+
+An item has the keys, shapes, dtypes and values LeRobot 0.4.4's `LeRobotDataset[i]` gives:
+non-video features as stored (scalars 0-d), cameras float32 (C, H, W) in [0, 1], and "task" (str).
+`delta_timestamps` ({key: [seconds, ...]}) adds a leading time axis to that key, with frames
+outside the episode clamped to its first/last frame and flagged in a bool `<key>_is_pad`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import Dataset
+
+from embodyhpc.data.errors import DatasetError
+from embodyhpc.data.video import DEFAULT_TOLERANCE_S, FrameDecoder, make_frame_decoder
+
+CODEBASE_VERSION = "v3.0"
+_EPISODE_COLUMNS = ("episode_index", "dataset_from_index", "dataset_to_index", "data/chunk_index", "data/file_index")
+_VIDEO_COLUMNS = ("chunk_index", "file_index", "from_timestamp")
+
+
+def read_info(root: Path) -> dict[str, Any]:
+    path = root / "meta" / "info.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DatasetError("no meta/info.json: not a LeRobot dataset folder", where=str(root)) from None
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"invalid JSON: {exc}", where=str(path)) from None
+
+
+def _read_parquet(path: Path, columns: Sequence[str] | None = None) -> pa.Table:
+    try:
+        table = pq.read_table(path, columns=list(columns) if columns is not None else None)
+    except FileNotFoundError:
+        raise DatasetError("file missing (meta/episodes names it)", where=str(path)) from None
+    except (pa.ArrowInvalid, KeyError) as exc:  # a named column that is absent raises ArrowInvalid
+        raise DatasetError(f"cannot read parquet: {exc}", where=str(path)) from None
+    return table
+
+
+def _read_tasks(path: Path) -> dict[int, str]:
+    table = _read_parquet(path)
+    if "task" in table.column_names:
+        names = table.column("task").to_pylist()
+    else:
+        # LeRobot writes the task string as the pandas index; its column name is in the pandas metadata.
+        pandas_meta = json.loads((table.schema.metadata or {}).get(b"pandas", b"{}"))
+        index_columns = [c for c in pandas_meta.get("index_columns", []) if isinstance(c, str)]
+        if not index_columns or "task_index" not in table.column_names:
+            raise DatasetError("expected columns task_index and task (or a pandas index of task strings)",
+                               where=str(path))
+        names = table.column(index_columns[0]).to_pylist()
+    return dict(zip(table.column("task_index").to_pylist(), names, strict=True))
+
+
+def _column_to_numpy(column: pa.ChunkedArray, num_rows: int) -> np.ndarray:
+    column = column.combine_chunks()
+    if pa.types.is_fixed_size_list(column.type) and not pa.types.is_nested(column.type.value_type):
+        return column.flatten().to_numpy(zero_copy_only=False).reshape(num_rows, column.type.list_size)
+    if pa.types.is_nested(column.type):
+        return np.asarray(column.to_pylist())  # variable-length or multi-dim lists: rare, small
+    return column.to_numpy(zero_copy_only=False)
+
+
+class LeRobotV3Dataset(Dataset):
+    """All frames of a LeRobot v3.0 dataset; item i is frame row i (its global `index`)."""
+
+    def __init__(self, root: str | os.PathLike, delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+                 *, video_backend: str | FrameDecoder = "auto", tolerance_s: float = DEFAULT_TOLERANCE_S) -> None:
+        self.root = Path(root)
+        self.info = read_info(self.root)
+        version = self.info.get("codebase_version")
+        if version != CODEBASE_VERSION:
+            raise DatasetError(f"codebase_version is {version!r}, this reader needs {CODEBASE_VERSION!r}",
+                               where=str(self.root / "meta" / "info.json"),
+                               fix="convert the dataset with LeRobot's v2.1 -> v3.0 conversion script")
+        self.fps = int(self.info["fps"])
+        self.tolerance_s = tolerance_s
+        self.features: dict[str, dict[str, Any]] = self.info["features"]
+        self.video_keys = [k for k, f in self.features.items() if f.get("dtype") == "video"]
+        if any(f.get("dtype") == "image" for f in self.features.values()):
+            raise DatasetError("features stored as images inside parquet are not supported yet (only video)",
+                               where=str(self.root / "meta" / "info.json"))
+        self._tasks = _read_tasks(self.root / "meta" / "tasks.parquet")
+        self._load_episodes()
+        self._load_frames()
+        self.delta_indices = self._check_delta_timestamps(delta_timestamps or {})
+        self.delta_timestamps = {k: list(v) for k, v in (delta_timestamps or {}).items()}
+        self.decoder = video_backend if isinstance(video_backend, FrameDecoder) else make_frame_decoder(
+            video_backend, tolerance_s=tolerance_s)
+
+    # -- metadata -------------------------------------------------------------------------------------
+    def _load_episodes(self) -> None:
+        files = sorted((self.root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+        if not files:
+            raise DatasetError("no meta/episodes/chunk-*/file-*.parquet", where=str(self.root))
+        columns = [*_EPISODE_COLUMNS, *(f"videos/{k}/{c}" for k in self.video_keys for c in _VIDEO_COLUMNS)]
+        for path in files:
+            missing = sorted(set(columns) - set(pq.read_schema(path).names))
+            if missing:
+                raise DatasetError(f"missing columns {missing}", where=str(path))
+        table = pa.concat_tables([_read_parquet(p, columns) for p in files])
+        episodes = {c: table.column(c).to_numpy() for c in columns}
+        order = np.argsort(episodes["episode_index"], kind="stable")
+        self._episodes = {c: v[order] for c, v in episodes.items()}
+        self.num_episodes = len(order)
+
+    def _load_frames(self) -> None:
+        eps = self._episodes
+        data_files = sorted(set(zip(eps["data/chunk_index"].tolist(), eps["data/file_index"].tolist(), strict=True)))
+        paths = [self.root / self.info["data_path"].format(chunk_index=c, file_index=f) for c, f in data_files]
+        keys = [k for k in self.features if k not in self.video_keys]
+        table = pa.concat_tables([_read_parquet(p, keys) for p in paths])
+        num_frames = table.num_rows
+        # Columns as tensors: items index them without Python objects per row, and forked workers share them.
+        self._columns = {k: torch.from_numpy(np.ascontiguousarray(_column_to_numpy(table.column(k), num_frames)))
+                         for k in keys}
+        for required in ("index", "episode_index", "timestamp", "task_index"):
+            if required not in self._columns:
+                raise DatasetError(f"feature {required!r} missing", where=str(self.root / "meta" / "info.json"))
+        if not torch.equal(self._columns["index"], torch.arange(num_frames)):
+            raise DatasetError(f"frame rows are not numbered 0..{num_frames - 1} in order across data files",
+                               where=str(self.root / "data"), fix="re-export the dataset with LeRobot")
+        if int(eps["dataset_to_index"].max(initial=0)) != num_frames:
+            raise DatasetError(f"meta/episodes ends at row {int(eps['dataset_to_index'].max(initial=0))} but the "
+                               f"data files hold {num_frames} rows", where=str(self.root))
+        # Row of meta/episodes for each frame, so an item finds its episode bounds in O(1).
+        episode_row = np.full(int(eps["episode_index"].max(initial=0)) + 1, -1, dtype=np.int64)
+        episode_row[eps["episode_index"]] = np.arange(self.num_episodes)
+        self._episode_row_of_frame = torch.from_numpy(episode_row[self._columns["episode_index"].numpy()])
+        self._timestamps_s = self._columns["timestamp"].numpy().astype(np.float64)
+
+    def _check_delta_timestamps(self, delta_timestamps: Mapping[str, Sequence[float]]) -> dict[str, np.ndarray]:
+        where = "delta_timestamps"
+        delta_indices = {}
+        for key, offsets_s in delta_timestamps.items():
+            if key not in self.features:
+                raise DatasetError(f"unknown feature {key!r}; this dataset has: {', '.join(self.features)}",
+                                   where=where, key=key)
+            offsets_s = np.asarray(offsets_s, dtype=np.float64)
+            if offsets_s.ndim != 1 or offsets_s.size == 0:
+                raise DatasetError("expected a non-empty list of seconds", where=where, key=key)
+            steps = np.round(offsets_s * self.fps)
+            off_grid = np.abs(offsets_s - steps / self.fps) > self.tolerance_s
+            if off_grid.any():
+                raise DatasetError(f"{offsets_s[off_grid].tolist()} s are not multiples of 1/fps = {1 / self.fps} s "
+                                   f"(tolerance {self.tolerance_s} s)", where=where, key=key)
+            delta_indices[key] = steps.astype(np.int64)
+        return delta_indices
+
+    @property
+    def num_frames(self) -> int:
+        return len(self._timestamps_s)
+
+    @property
+    def tasks(self) -> dict[int, str]:
+        return dict(self._tasks)
+
+    def video_path(self, key: str, episode_row: int) -> Path:
+        chunk = int(self._episodes[f"videos/{key}/chunk_index"][episode_row])
+        file = int(self._episodes[f"videos/{key}/file_index"][episode_row])
+        return self.root / self.info["video_path"].format(video_key=key, chunk_index=chunk, file_index=file)
+
+    # -- items ----------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.num_frames
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        idx = int(idx)
+        if idx < 0:
+            idx += len(self)
+        if not 0 <= idx < len(self):
+            raise IndexError(f"frame {idx} out of range for a dataset of {len(self)} frames")
+        episode_row = int(self._episode_row_of_frame[idx])
+        first = int(self._episodes["dataset_from_index"][episode_row])
+        end = int(self._episodes["dataset_to_index"][episode_row])
+
+        # clone(): a view would drag the whole column's storage into shared memory on a worker queue.
+        item: dict[str, Any] = {k: col[idx].clone() for k, col in self._columns.items()}
+        rows: dict[str, np.ndarray] = {}
+        for key, steps in self.delta_indices.items():
+            wanted = idx + steps
+            rows[key] = np.clip(wanted, first, end - 1)  # clamp to the episode edge, as LeRobot does
+            if key in self._columns:
+                item[key] = self._columns[key][torch.from_numpy(rows[key])]
+            item[f"{key}_is_pad"] = torch.from_numpy((wanted < first) | (wanted >= end))
+        for key in self.video_keys:
+            from_s = float(self._episodes[f"videos/{key}/from_timestamp"][episode_row])
+            # Stored frame timestamps (float32 in the parquet), shifted into the concatenated file.
+            frame_s = self._timestamps_s[rows[key]] if key in rows else self._timestamps_s[idx:idx + 1]
+            frames = self.decoder.decode(self.video_path(key, episode_row), from_s + frame_s)
+            frames = frames.to(torch.float32).div_(255)  # (T, C, H, W)
+            item[key] = frames if key in rows else frames[0]
+        item["task"] = self._tasks[int(item["task_index"])]
+        return item
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(root={str(self.root)!r}, frames={len(self)}, episodes={self.num_episodes}, "
+                f"fps={self.fps}, cameras={self.video_keys}, video_backend={self.decoder.backend!r})")

@@ -1,0 +1,76 @@
+"""CLI commands that need no cluster: recipes, validate, render, dry runs, run-dir errors."""
+
+from __future__ import annotations
+
+import json
+
+from embodyhpc.config.load import load_recipe
+
+
+def test_recipes_list_and_show(cli, tmp_path):
+    listing = cli("recipes", "list")
+    assert listing.code == 0
+    assert "pi05_fp8" in listing.out and "example_roce" in listing.out
+    shown = cli("recipes", "show", "pi05_fp8", "data.root=/d", "train.steps=7")
+    assert shown.code == 0, shown.err
+    assert "steps: 7" in shown.out and "mode: fp8" in shown.out and "root: /d" in shown.out
+    # what `show` prints is a complete recipe: loading it back gives the same config
+    (tmp_path / "shown.yaml").write_text(shown.out)
+    assert load_recipe(str(tmp_path / "shown.yaml")).config == load_recipe(
+        "pi05_fp8", ["data.root=/d", "train.steps=7"]).config
+
+
+def test_validate_prints_the_job_shape(cli):
+    result = cli("validate", "pi05_fp8", "--site", "example_ib", "data.root=/d", "site.account=a")
+    assert result.code == 0, result.err
+    assert "world 32" in result.out and "dp_replicate=4 dp_shard=8" in result.out
+    assert "30 episodes in 30 shards" in result.out
+
+
+def test_render_all_jobs(cli, tmp_path):
+    result = cli("render", "demo_metaworld_cpu", "--run-dir", str(tmp_path / "r"))
+    assert result.code == 0, result.err
+    assert [line for line in result.out.splitlines() if line.startswith("# =====")] == [
+        "# ===== train.sbatch =====", "# ===== eval.sbatch =====", "# ===== report.sbatch ====="]
+    assert result.out.count("#!/bin/bash") == 3
+
+
+def test_render_without_eval(cli, tmp_path):
+    result = cli("render", "demo_metaworld_cpu", "eval.enabled=false", "--run-dir", str(tmp_path))
+    assert result.code == 0 and "eval.sbatch" not in result.out and result.out.count("#!/bin/bash") == 2
+
+
+def test_dry_run_creates_and_submits_nothing(cli, runs_root):
+    result = cli("submit", "demo_metaworld_cpu", "--dry-run", f"job.runs_root={runs_root}")
+    assert result.code == 0, result.err
+    assert "nothing submitted" in result.out
+    assert "# sbatch --dependency=afterok:<train> --kill-on-invalid-dep=yes" in result.out
+    assert "--dependency=afterany:<train>:<eval>" in result.out
+    assert list(runs_root.iterdir()) == []
+
+
+def test_status_of_a_folder_that_is_not_a_run(cli, tmp_path):
+    result = cli("status", str(tmp_path))
+    assert result.code == 2 and "no run.json" in result.err and len(result.err.splitlines()) == 1
+
+
+def test_status_and_logs_of_a_local_run_record(cli, tmp_path):
+    """status/logs read run.json and submitit's files; no job needed to check the formatting."""
+    from embodyhpc.rundir import JobRecord, RunInfo
+
+    (tmp_path / "submitit").mkdir()
+    (tmp_path / "submitit" / "77_0_log.out").write_text("hello from rank 0\n")
+    info = RunInfo(run_id="r", run_dir=str(tmp_path), backend="local", recipe="x", site=None, overrides=[],
+                   python="python", created="now",
+                   jobs={"train": JobRecord("train", job_id="77", state="COMPLETED", exit_code=0),
+                         "eval": JobRecord("eval", job_id="78", array_size=4, state="RUNNING",
+                                           array_counts={"COMPLETED": 1, "RUNNING": 3}),
+                         "report": JobRecord("report", state="PENDING", reason="Dependency")})
+    info.save()
+    text = cli("status", str(tmp_path)).out
+    assert "1/4 done, 3 running" in text and "Dependency" in text
+    data = json.loads(cli("status", str(tmp_path), "--json").out)
+    assert [j["state"] for j in data["jobs"]] == ["COMPLETED", "RUNNING", "PENDING"]
+    logs = cli("logs", str(tmp_path), "--job", "train").out
+    assert "hello from rank 0" in logs and "train task 0 out" in logs
+    assert cli("cancel", str(tmp_path)).out.startswith("local runs stop")
