@@ -132,8 +132,10 @@ class LeRobotV3Dataset(Dataset):
         table = pa.concat_tables([_read_parquet(p, keys) for p in paths])
         num_frames = table.num_rows
         # Columns as tensors: items index them without Python objects per row, and forked workers share them.
-        self._columns = {k: torch.from_numpy(np.ascontiguousarray(_column_to_numpy(table.column(k), num_frames)))
-                         for k in keys}
+        self._columns = {}
+        for key in keys:
+            values = _column_to_numpy(table.column(key), num_frames)
+            self._columns[key] = torch.from_numpy(np.require(values, requirements=["C", "W"]))  # W: own copy
         for required in ("index", "episode_index", "timestamp", "task_index"):
             if required not in self._columns:
                 raise DatasetError(f"feature {required!r} missing", where=str(self.root / "meta" / "info.json"))

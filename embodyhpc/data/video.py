@@ -164,18 +164,22 @@ class PyAVFrameDecoder(FrameDecoder):
         time_base = float(stream.time_base)
         first_s, last_s = wanted_s.min() - self.tolerance_s, wanted_s.max() + self.tolerance_s
         handle.seek(max(0, int(first_s / time_base)), stream=stream, backward=True, any_frame=False)
+        # Keep the frames inside the window plus one on each side, so a miss reports the nearest frame.
         frames, found_s = [], []
         for frame in handle.decode(stream):
             frame_s = frame.pts * time_base
+            if frame_s < first_s:
+                frames, found_s = [frame], [frame_s]
+                continue
+            frames.append(frame)
+            found_s.append(frame_s)
             if frame_s > last_s:
                 break
-            if frame_s >= first_s:
-                frames.append(frame.to_ndarray(format="rgb24"))  # (H, W, 3) uint8
-                found_s.append(frame_s)
         if not frames:
-            raise VideoDecodeError(f"{path}: no frames between {first_s:.6f} s and {last_s:.6f} s")
+            raise VideoDecodeError(f"{path}: no frames decoded at or after {first_s:.6f} s")
         nearest = _nearest_frames(path, wanted_s, np.asarray(found_s), self.tolerance_s)
-        hwc = torch.from_numpy(np.stack([frames[i] for i in nearest]))
+        rgb = {i: frames[i].to_ndarray(format="rgb24") for i in set(nearest.tolist())}  # (H, W, 3) uint8
+        hwc = torch.from_numpy(np.stack([rgb[i] for i in nearest]))
         return hwc.permute(0, 3, 1, 2).contiguous()
 
 

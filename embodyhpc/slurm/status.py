@@ -111,6 +111,9 @@ def chain_status(info: RunInfo) -> list[JobStatus]:
             parent = next((r for r in rows if r["JobID"] == record.job_id), None)
             if not counts and parent:  # the whole array still pending as one row
                 counts[parent["State"]] = record.array_size
+            unreported = record.array_size - sum(counts.values())
+            if unreported > 0:  # sacct lags a few seconds behind squeue: not done until reported
+                counts["PENDING"] += unreported
             reasons = {r["Reason"] for r in rows if r.get("Reason") not in (None, "", "None")}
             codes = [_exit_code(r["ExitCode"]) for r in rows if r.get("ExitCode")]
             statuses.append(JobStatus(

@@ -75,7 +75,9 @@ def test_interpolation_between_keys():
 
 def test_config_is_frozen():
     loaded = load_recipe("demo_metaworld_cpu")
-    with pytest.raises(Exception):
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
         loaded.config.train.steps = 3  # type: ignore[misc]
 
 

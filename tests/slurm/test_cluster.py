@@ -48,6 +48,10 @@ def test_two_node_chain_train_eval_array_report(cli, slurm_cluster, runs_root):
         lambda: statuses(cli, run_dir)["train"]["nodes"] == "n[1-2]", 30, "train node list")
     text = cli("status", str(run_dir)).out
     assert "report: complete" in text and "4/4 done" in text
+    # -f returns once the job has ended, after printing every task's output
+    followed = cli("logs", str(run_dir), "--job", "train", "-f")
+    assert followed.code == 0 and "[train task 0 out]" in followed.out and "[train task 1 out]" in followed.out
+    assert "step 40/40" in followed.out
 
 
 def test_submitted_text_is_rendered_text(cli, slurm_cluster, runs_root):

@@ -24,3 +24,16 @@ def test_array_summary():
     assert _summarise_array(Counter(COMPLETED=2, PENDING=2)) == "PENDING"
     assert _summarise_array(Counter(COMPLETED=3, FAILED=1)) == "FAILED"
     assert _summarise_array(Counter(CANCELLED=4)) == "CANCELLED"
+
+
+def test_array_elements_sacct_has_not_reported_count_as_pending(monkeypatch):
+    from embodyhpc.rundir import JobRecord, RunInfo
+    from embodyhpc.slurm import status
+
+    rows = {"5": [{"JobID": "5_0", "State": "COMPLETED", "ExitCode": "0:0", "Reason": "None"}]}
+    monkeypatch.setattr(status, "_slurm_rows", lambda ids: rows)
+    info = RunInfo(run_id="r", run_dir="/x", backend="slurm", recipe="x", site=None, overrides=[], python="p",
+                   created="now", jobs={"eval": JobRecord("eval", job_id="5", array_size=4)})
+    (eval_status,) = status.chain_status(info)
+    assert eval_status.array_counts == {"COMPLETED": 1, "PENDING": 3}
+    assert eval_status.state == "PENDING" and not eval_status.finished
