@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -20,33 +19,10 @@ import yaml
 from embodyhpc.config.coerce import build, field_types
 from embodyhpc.config.resolve import Resolved, resolve
 from embodyhpc.config.schema import SITE_KEYS, Config
+from embodyhpc.config.yamlio import load_yaml as _yaml_load
 from embodyhpc.errors import ConfigError
 
 SITE_ENV_VAR = "EMBODYHPC_SITE"
-
-
-class _RecipeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """SafeLoader without YAML 1.1's base-60 numbers: `time: 01:30:00` must stay a string,
-    not become the integer 5400 (which Slurm would read as 5400 minutes)."""
-
-
-def _without_base60(regexp: re.Pattern) -> re.Pattern:
-    """Drop the `1:30`-style alternatives from PyYAML's int/float patterns."""
-    body = regexp.pattern.strip()
-    assert body.startswith("^(?:") and body.endswith(")$"), body  # PyYAML's shape; tested
-    kept = [alt for alt in body[4:-2].split("|") if "(?::[0-5]?[0-9])+" not in alt]
-    return re.compile("^(?:" + "|".join(kept) + ")$", regexp.flags)
-
-
-_RecipeLoader.yaml_implicit_resolvers = {
-    first: [(tag, _without_base60(regexp) if tag.endswith((":int", ":float")) else regexp)
-            for tag, regexp in resolvers]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-
-
-def _yaml_load(text: str):
-    return yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 - a SafeLoader subclass
 _MAX_BASE_DEPTH = 16
 
 
@@ -80,6 +56,7 @@ class LoadedRecipe:
 
 def dump_yaml(config: Config) -> str:
     return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False, default_flow_style=False)
+
 
 
 # ---------------------------------------------------------------- finding files

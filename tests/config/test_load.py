@@ -99,3 +99,13 @@ def test_cross_section_error_blames_the_latest_layer():
         load_recipe("demo_metaworld_cpu", ["resources.nodes=3"])
     assert info.value.where == "override 'resources.nodes=3'"
     assert "world_size=3" in info.value.message
+
+
+def test_unquoted_slurm_times_stay_strings(tmp_path):
+    """YAML 1.1 would read 01:30:00 as the integer 5400 (then 5400 minutes for Slurm)."""
+    (tmp_path / "r.yaml").write_text("base: demo_metaworld_cpu\nresources: {time: 01:30:00}\n"
+                                     "eval: {time: 45}\ntrain: {lr: 1.0e-3, steps: 0x10}\n")
+    loaded = load_recipe(str(tmp_path / "r.yaml"))
+    assert loaded.config.resources.time == "01:30:00" and loaded.resolved.train_time_min == 90
+    assert loaded.config.eval.time == "45" and loaded.resolved.eval_time_min == 45
+    assert loaded.config.train.lr == 1e-3 and loaded.config.train.steps == 16
