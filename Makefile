@@ -13,15 +13,16 @@ export MLFLOW_DISABLE_TELEMETRY := true
 
 setup: system-deps $(VENV)/.installed
 
-# Debian packages: the local Slurm cluster (root only; elsewhere install them yourself or skip slurm tests)
+# Debian packages: FFmpeg libraries for torchcodec, the local Slurm cluster (root only; elsewhere
+# install them yourself: tools/system-deps.sh lists them)
 system-deps:
-	@if [ "$$(id -u)" = 0 ]; then bash tools/slurm-local.sh install; \
-	else echo "setup: not root, skipping Debian packages (slurm tests will skip)"; fi
+	@if [ "$$(id -u)" = 0 ]; then bash tools/system-deps.sh; \
+	else echo "setup: not root, skipping Debian packages (see tools/system-deps.sh; slurm tests will skip)"; fi
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[train,dev]'
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[train,data,fp8,dev]'
 	touch $@
 
 slurm-up: system-deps

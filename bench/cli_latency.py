@@ -20,6 +20,7 @@ CASES = {
     "embodyhpc --help": [str(EXE), "--help"],
     "embodyhpc recipes list": [str(EXE), "recipes", "list"],
     "embodyhpc render pi05_fp8": [str(EXE), "render", "pi05_fp8", "--site", "example_ib", "data.root=/d",
+                                  "model.tokenizer_path=/m/tok.model",
                                   "site.account=a"],
 }
 GOALS_S = {"embodyhpc --help": 0.25, "embodyhpc render pi05_fp8": 0.5}

@@ -158,8 +158,43 @@ def cancel(run_dir: RunDir) -> None:
     typer.echo(cancel_run(run_dir))
 
 
+@app.command()
+def stage(
+    src: Annotated[Path, typer.Argument(help="Dataset folder on the parallel filesystem.")],
+    dest: Annotated[Path, typer.Argument(help="Node-local folder (e.g. on NVMe).")],
+    workers: Annotated[int, typer.Option(help="Parallel copy threads.")] = 8,
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Re-hash the copy afterwards.")] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Copy a dataset to node-local storage: parallel, idempotent, resumable, verified."""
+    from embodyhpc.data.staging import stage as stage_dataset
+
+    result = stage_dataset(src, dest, workers=workers, verify=verify, progress=not quiet)
+    typer.echo(result.summary())
+
+
+@app.command()
+def doctor(
+    recipe: Annotated[str | None, typer.Argument(help="Recipe whose expectations to check against "
+                                                    "(GPUs per node, nodes, runs root, NVMe, network).")] = None,
+    overrides: Overrides = None,
+    site: Site = None,
+    as_json: AsJson = False,
+    suggest: Annotated[bool, typer.Option("--suggest-network", help="Propose a `network:` section "
+                                          "from the RDMA ports found.")] = False,
+    probe_mb: Annotated[int, typer.Option(help="NVMe write probe size in MiB (0 skips it).")] = 64,
+) -> None:
+    """Preflight this node: GPUs (NVML), InfiniBand/RoCE ports, filesystems, NVMe, NCCL environment."""
+    from embodyhpc.submit import doctor_report
+
+    text, code = doctor_report(_load(recipe, overrides, site) if recipe else None, as_json=as_json,
+                               suggest=suggest, probe_bytes=probe_mb << 20)
+    typer.echo(text, nl=False)
+    raise typer.Exit(code)
+
+
 def main() -> None:
-    from embodyhpc.errors import SlurmError, UserError
+    from embodyhpc.errors import RunFailure, UserError
 
     try:
         app()
@@ -168,7 +203,7 @@ def main() -> None:
             raise
         typer.echo(f"error: {exc.one_line()}", err=True)
         sys.exit(2)
-    except SlurmError as exc:
+    except RunFailure as exc:
         if os.environ.get("EMBODYHPC_DEBUG"):
             raise
         typer.echo(f"error: {exc}", err=True)

@@ -37,5 +37,11 @@ class RunDirError(UserError):
     """A run directory is missing or not an embodyhpc run."""
 
 
-class SlurmError(RuntimeError):
-    """A Slurm command failed (runtime failure, exit 1)."""
+class RunFailure(RuntimeError):
+    """A runtime failure the CLI reports on one line with exit code 1 (not bad input)."""
+
+    exit_code = 1
+
+
+class SlurmError(RunFailure):
+    """A Slurm command failed."""

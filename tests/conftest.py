@@ -69,3 +69,17 @@ def slurm_cluster():
             pytest.fail(message)
         pytest.skip(message)
     return os.environ["SLURM_CONF"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` skip with a reason on machines without CUDA (this project's CI never has one)."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (marked gpu); none on this machine")
+    for item in gpu_items:
+        item.add_marker(skip)

@@ -6,22 +6,24 @@ import json
 
 from embodyhpc.config.load import load_recipe
 
+TOK = "model.tokenizer_path=/models/paligemma/tokenizer.model"
+
 
 def test_recipes_list_and_show(cli, tmp_path):
     listing = cli("recipes", "list")
     assert listing.code == 0
     assert "pi05_fp8" in listing.out and "example_roce" in listing.out
-    shown = cli("recipes", "show", "pi05_fp8", "data.root=/d", "train.steps=7")
+    shown = cli("recipes", "show", "pi05_fp8", "data.root=/d", TOK, "train.steps=7")
     assert shown.code == 0, shown.err
     assert "steps: 7" in shown.out and "mode: fp8" in shown.out and "root: /d" in shown.out
     # what `show` prints is a complete recipe: loading it back gives the same config
     (tmp_path / "shown.yaml").write_text(shown.out)
     assert load_recipe(str(tmp_path / "shown.yaml")).config == load_recipe(
-        "pi05_fp8", ["data.root=/d", "train.steps=7"]).config
+        "pi05_fp8", ["data.root=/d", TOK, "train.steps=7"]).config
 
 
 def test_validate_prints_the_job_shape(cli):
-    result = cli("validate", "pi05_fp8", "--site", "example_ib", "data.root=/d", "site.account=a")
+    result = cli("validate", "pi05_fp8", "--site", "example_ib", "data.root=/d", "site.account=a", TOK)
     assert result.code == 0, result.err
     assert "world 32" in result.out and "dp_replicate=4 dp_shard=8" in result.out
     assert "30 episodes in 30 shards" in result.out
@@ -74,3 +76,12 @@ def test_status_and_logs_of_a_local_run_record(cli, tmp_path):
     logs = cli("logs", str(tmp_path), "--job", "train").out
     assert "hello from rank 0" in logs and "train task 0 out" in logs
     assert cli("cancel", str(tmp_path)).out.startswith("local runs stop")
+
+
+def test_doctor_json_on_this_node(cli):
+    """No GPU and no RDMA here: a warning, not a failure; the JSON names the node and each check."""
+    result = cli("doctor", "--json", "--probe-mb", "0", "--suggest-network")
+    assert result.code == 0, result.out + result.err
+    data = json.loads(result.out)
+    assert data["hostname"] and {c["name"] for c in data["checks"]} >= {"gpus", "ib", "versions"}
+    assert data["suggested_network"]["network"] == {"fabric": "ethernet"}

@@ -122,7 +122,7 @@ class StagingConfig:
 
 
 MODEL_SIZES = ("tiny", "small", "full")
-ATTENTION_BACKENDS = ("auto", "flash_varlen", "torch_varlen", "flex", "sdpa_reference")
+ATTENTION_BACKENDS = ("auto", "flash_varlen", "torch_varlen", "flex", "sdpa_segments", "sdpa_reference")
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,8 @@ class ModelConfig:
     size: str = "tiny"
     """tiny (laptop CPU), small, or full (published pi0.5 shapes, ~3.3B parameters)."""
     attention_backend: str = "auto"
-    """auto picks the fastest available; sdpa_reference is the CPU reference."""
+    """auto picks the fastest available for the device; sdpa_reference (dense mask) is the CPU reference,
+    sdpa_segments the per-sample CPU path; flex is forward-only on CPU."""
     tokenizer_path: str | None = None
     """Local SentencePiece/tokenizers file (full size); tiny/small use a byte tokenizer."""
     action_horizon: int = 50

@@ -29,22 +29,13 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
+from embodyhpc.data.delta import clamp_to_episode, delta_steps
 from embodyhpc.data.errors import DatasetError
+from embodyhpc.data.formats import check_lerobot_version, read_lerobot_info
 from embodyhpc.data.video import DEFAULT_TOLERANCE_S, FrameDecoder, make_frame_decoder
 
-CODEBASE_VERSION = "v3.0"
 _EPISODE_COLUMNS = ("episode_index", "dataset_from_index", "dataset_to_index", "data/chunk_index", "data/file_index")
 _VIDEO_COLUMNS = ("chunk_index", "file_index", "from_timestamp")
-
-
-def read_info(root: Path) -> dict[str, Any]:
-    path = root / "meta" / "info.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DatasetError("no meta/info.json: not a LeRobot dataset folder", where=str(root)) from None
-    except json.JSONDecodeError as exc:
-        raise DatasetError(f"invalid JSON: {exc}", where=str(path)) from None
 
 
 def _read_parquet(path: Path, columns: Sequence[str] | None = None) -> pa.Table:
@@ -87,12 +78,8 @@ class LeRobotV3Dataset(Dataset):
     def __init__(self, root: str | os.PathLike, delta_timestamps: Mapping[str, Sequence[float]] | None = None,
                  *, video_backend: str | FrameDecoder = "auto", tolerance_s: float = DEFAULT_TOLERANCE_S) -> None:
         self.root = Path(root)
-        self.info = read_info(self.root)
-        version = self.info.get("codebase_version")
-        if version != CODEBASE_VERSION:
-            raise DatasetError(f"codebase_version is {version!r}, this reader needs {CODEBASE_VERSION!r}",
-                               where=str(self.root / "meta" / "info.json"),
-                               fix="convert the dataset with LeRobot's v2.1 -> v3.0 conversion script")
+        self.info = read_lerobot_info(self.root)
+        check_lerobot_version(self.root, self.info)
         self.fps = int(self.info["fps"])
         self.tolerance_s = tolerance_s
         self.features: dict[str, dict[str, Any]] = self.info["features"]
@@ -103,7 +90,7 @@ class LeRobotV3Dataset(Dataset):
         self._tasks = _read_tasks(self.root / "meta" / "tasks.parquet")
         self._load_episodes()
         self._load_frames()
-        self.delta_indices = self._check_delta_timestamps(delta_timestamps or {})
+        self.delta_indices = delta_steps(delta_timestamps, self.features, self.fps, tolerance_s)
         self.delta_timestamps = {k: list(v) for k, v in (delta_timestamps or {}).items()}
         self.decoder = video_backend if isinstance(video_backend, FrameDecoder) else make_frame_decoder(
             video_backend, tolerance_s=tolerance_s)
@@ -151,24 +138,6 @@ class LeRobotV3Dataset(Dataset):
         self._episode_row_of_frame = torch.from_numpy(episode_row[self._columns["episode_index"].numpy()])
         self._timestamps_s = self._columns["timestamp"].numpy().astype(np.float64)
 
-    def _check_delta_timestamps(self, delta_timestamps: Mapping[str, Sequence[float]]) -> dict[str, np.ndarray]:
-        where = "delta_timestamps"
-        delta_indices = {}
-        for key, offsets_s in delta_timestamps.items():
-            if key not in self.features:
-                raise DatasetError(f"unknown feature {key!r}; this dataset has: {', '.join(self.features)}",
-                                   where=where, key=key)
-            offsets_s = np.asarray(offsets_s, dtype=np.float64)
-            if offsets_s.ndim != 1 or offsets_s.size == 0:
-                raise DatasetError("expected a non-empty list of seconds", where=where, key=key)
-            steps = np.round(offsets_s * self.fps)
-            off_grid = np.abs(offsets_s - steps / self.fps) > self.tolerance_s
-            if off_grid.any():
-                raise DatasetError(f"{offsets_s[off_grid].tolist()} s are not multiples of 1/fps = {1 / self.fps} s "
-                                   f"(tolerance {self.tolerance_s} s)", where=where, key=key)
-            delta_indices[key] = steps.astype(np.int64)
-        return delta_indices
-
     @property
     def num_frames(self) -> int:
         return len(self._timestamps_s)
@@ -200,11 +169,10 @@ class LeRobotV3Dataset(Dataset):
         item: dict[str, Any] = {k: col[idx].clone() for k, col in self._columns.items()}
         rows: dict[str, np.ndarray] = {}
         for key, steps in self.delta_indices.items():
-            wanted = idx + steps
-            rows[key] = np.clip(wanted, first, end - 1)  # clamp to the episode edge, as LeRobot does
+            rows[key], is_pad = clamp_to_episode(idx, steps, first, end)  # edge frames repeat, as in LeRobot
             if key in self._columns:
                 item[key] = self._columns[key][torch.from_numpy(rows[key])]
-            item[f"{key}_is_pad"] = torch.from_numpy((wanted < first) | (wanted >= end))
+            item[f"{key}_is_pad"] = torch.from_numpy(is_pad)
         for key in self.video_keys:
             from_s = float(self._episodes[f"videos/{key}/from_timestamp"][episode_row])
             # Stored frame timestamps (float32 in the parquet), shifted into the concatenated file.

@@ -29,6 +29,10 @@ import torch
 DEFAULT_TOLERANCE_S = 1e-4
 DEFAULT_CACHE_SIZE = 8
 
+# Decoder handles a forked child inherited from its parent. They are kept referenced, never freed: freeing
+# FFmpeg state whose codec threads stayed in the parent deadlocks the child (PyAV + libdav1d, seen here).
+_INHERITED_HANDLES: list[Any] = []
+
 
 class VideoDecodeError(RuntimeError):
     """A requested timestamp has no frame within tolerance, or the file cannot be decoded."""
@@ -72,7 +76,8 @@ class FrameDecoder:
 
     def _handle(self, path: Path) -> Any:
         if self._cache_pid != os.getpid():
-            # Inherited through fork: these handles share state with the parent's; never use them.
+            # Inherited through fork: these handles share a file offset with the parent's; never use them.
+            _INHERITED_HANDLES.append(self._cache)
             self._cache = OrderedDict()
             self._cache_pid = os.getpid()
         key = str(path)
@@ -93,6 +98,20 @@ class FrameDecoder:
     def num_open(self) -> int:
         """Decoders open in this process (0 in a fresh worker)."""
         return len(self._cache) if self._cache_pid == os.getpid() else 0
+
+    def close(self) -> None:
+        """Close every open decoder of this process (an unclosed PyAV container left as garbage hangs a forked
+        child that collects it)."""
+        if self._cache_pid != os.getpid():
+            _INHERITED_HANDLES.append(self._cache)
+        else:
+            for handle in self._cache.values():
+                self._close(handle)
+        self._cache = OrderedDict()
+
+    def __del__(self) -> None:
+        if getattr(self, "_cache", None):
+            self.close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

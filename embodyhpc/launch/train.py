@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from embodyhpc.config.load import load_resolved
-from embodyhpc.config.schema import CheckpointConfig, DataConfig, TrainConfig
+from embodyhpc.config.schema import CheckpointConfig, DataConfig, StagingConfig, TrainConfig
 from embodyhpc.launch import distributed
 from embodyhpc.rundir import write_json_atomic
 
@@ -24,17 +24,38 @@ _DIM = 16
 _HOST_BYTES = 64
 
 
-def check_data(data: DataConfig) -> None:
-    if data.format != "synthetic" and not Path(str(data.root)).exists():
+def prepare_data(data: DataConfig, staging: StagingConfig, local_rank: int) -> str | None:
+    """The folder training reads: the node-local staged copy when staging is on (local rank 0 of each
+    node copies, the other local ranks wait), else data.root. Runs before the process group exists."""
+    if data.format == "synthetic":
+        return None
+    root = Path(str(data.root))
+    if not root.exists():
         raise FileNotFoundError(f"data.root {data.root!r} does not exist on {socket.gethostname()}")
+    if not staging.enabled:
+        return str(root)
+    from embodyhpc.data.staging import node_local_path, stage_on_node
+
+    dest = node_local_path(staging.nvme_dir, root)
+    stage_on_node(root, dest, local_rank=local_rank, workers=staging.copy_workers, verify=staging.verify,
+                  progress=False)
+    return str(dest)
 
 
 def train_task(run_dir: str) -> dict:
     config = load_resolved(run_dir)
-    check_data(config.data)
     dist_env = distributed.from_job_environment()
+    data_root = prepare_data(config.data, config.staging, dist_env.local_rank)
+    dataset_len = None
+    if data_root is not None:  # every rank reads from the copy it will train on
+        from embodyhpc.data import open_dataset
+
+        dataset = open_dataset(data_root, dict(config.data.delta_timestamps) or None)
+        dataset_len = len(dataset)
+        dataset[dist_env.rank % dataset_len]
     with distributed.process_group(dist_env, backend="gloo"):
         result = _spine_loop(dist_env, config.train, config.checkpoint, Path(run_dir))
+    result.update(data_root=data_root, dataset_len=dataset_len)
     if dist_env.rank == 0:
         write_json_atomic(Path(run_dir) / RESULT_FILE, result)
     return result

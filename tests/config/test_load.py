@@ -7,7 +7,8 @@ import pytest
 from embodyhpc.config.load import load_recipe, shipped_recipes, shipped_sites
 from embodyhpc.errors import ConfigError
 
-NEEDS = ["data.root=/data/set", "site.account=robotics"]
+TOK = "model.tokenizer_path=/models/paligemma/tokenizer.model"
+NEEDS = ["data.root=/data/set", "site.account=robotics", TOK]
 
 
 def test_shipped_inventory():
@@ -24,8 +25,8 @@ def test_every_shipped_recipe_loads_on_every_site(recipe, site):
 
 
 def test_fp8_recipe_inherits_from_bf16_and_overrides_precision():
-    fp8 = load_recipe("recipes/pi05_fp8.yaml", ["data.root=/d"])
-    bf16 = load_recipe("recipes/pi05_bf16.yaml", ["data.root=/d"])
+    fp8 = load_recipe("recipes/pi05_fp8.yaml", ["data.root=/d", TOK])
+    bf16 = load_recipe("recipes/pi05_bf16.yaml", ["data.root=/d", TOK])
     assert fp8.config.precision.mode == "fp8" and bf16.config.precision.mode == "bf16"
     assert fp8.config.job.name == "pi05-fp8"
     assert fp8.config.model == bf16.config.model and fp8.config.train == bf16.config.train

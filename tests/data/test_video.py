@@ -65,17 +65,17 @@ def test_make_frame_decoder():
 
 @pytest.fixture(scope="module")
 def large_video(tmp_path_factory):
-    """A noise video of ~3 MB: larger than FFmpeg's read buffer, so decoders really share a file offset."""
+    """A noise video of ~1 MB: much larger than FFmpeg's read buffer, so decoders really share a file offset."""
     import av
 
     path = tmp_path_factory.mktemp("video") / "noise.mp4"
     rng = np.random.default_rng(0)
     with av.open(str(path), "w") as container:
         stream = container.add_stream("mpeg4", rate=FPS)
-        stream.width, stream.height, stream.pix_fmt = 320, 240, "yuv420p"
-        stream.codec_context.gop_size = 10
-        for _ in range(200):
-            frame = av.VideoFrame.from_ndarray(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8), format="rgb24")
+        stream.width, stream.height, stream.pix_fmt = 160, 120, "yuv420p"
+        stream.codec_context.gop_size = 5
+        for _ in range(100):
+            frame = av.VideoFrame.from_ndarray(rng.integers(0, 256, (120, 160, 3), dtype=np.uint8), format="rgb24")
             container.mux(stream.encode(frame))
         container.mux(stream.encode())
     return path
@@ -86,10 +86,10 @@ class _FramePairs(torch.utils.data.Dataset):
         self.decoder, self.path = decoder, path
 
     def __len__(self) -> int:
-        return 48
+        return 96
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        return self.decoder.decode(self.path, [(i * 37 % 200) / FPS, (i * 53 + 5) % 200 / FPS])
+        return self.decoder.decode(self.path, [(i * 37 % 100) / FPS, (i * 53 + 5) % 100 / FPS])
 
 
 @pytest.mark.parametrize("decoder_class", [TorchCodecFrameDecoder, PyAVFrameDecoder])

@@ -69,6 +69,21 @@ def test_submitted_text_is_rendered_text(cli, slurm_cluster, runs_root):
     _report(run_dir)
 
 
+def test_training_reads_a_dataset_staged_to_each_node(cli, slurm_cluster, runs_root, tmp_path):
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "lerobot_v30_sample"
+    nvme = tmp_path / "nvme"
+    run_dir = _submit(cli, runs_root, "train.steps=5", "data.format=lerobot", f"data.root={fixture}",
+                      "staging.enabled=true", f"staging.nvme_dir={nvme}", "data.delta_timestamps={action: [0.0, 0.1]}")
+    assert _report(run_dir)["outcome"] == "complete"
+    result = json.loads((run_dir / "logs" / "train_result.json").read_text())
+    assert result["dataset_len"] == 120
+    staged = Path(result["data_root"])
+    assert staged.parent == nvme and (staged / ".embodyhpc-stage.json").is_file()
+    assert sorted(p.name for p in (staged / "meta").iterdir()) == sorted(p.name for p in (fixture / "meta").iterdir())
+
+
 def test_failed_training_cancels_eval_and_report_says_why(cli, slurm_cluster, runs_root):
     run_dir = _submit(cli, runs_root, "data.format=lerobot", "data.root=/nonexistent/dataset")
     report = _report(run_dir)

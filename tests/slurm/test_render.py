@@ -20,7 +20,8 @@ UPDATE = "EMBODYHPC_UPDATE_GOLDEN"
 
 
 def _overrides(recipe: str, site: str) -> list[str]:
-    out = [] if recipe == "demo_metaworld_cpu" else ["data.root=/data/lerobot/pick_place"]
+    tokenizer = "model.tokenizer_path=/models/paligemma/tokenizer.model"
+    out = [] if recipe == "demo_metaworld_cpu" else ["data.root=/data/lerobot/pick_place", tokenizer]
     return out + ([] if site == "local" else ["site.account=robotics"])
 
 

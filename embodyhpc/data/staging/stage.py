@@ -1,0 +1,288 @@
+"""`stage(src, dest)`: mirror a dataset folder onto node-local storage, resumably and verified.
+
+One run, under an exclusive lock on DEST (runs into the same folder take turns, never interleave):
+1. list SRC and DEST and load the manifest. A file is unchanged when the manifest recorded it with the
+   source's current size and mtime and the staged file still has that size and mtime: no source bytes are read;
+2. check free space for what is left to copy, before changing anything;
+3. delete what SRC no longer has (and partial files left by a killed run), create folders;
+4. copy the rest in parallel (partial file, then rename), recording each finished file in the manifest, which
+   is rewritten every MANIFEST_FLUSH_INTERVAL_S and whenever the run stops: a killed run resumes from the last
+   manifest, and a partial file never looks complete;
+5. with `verify`, re-hash every staged file against the manifest, copy damaged ones again and re-check them;
+6. mark the manifest complete (`verify_staged` refuses a copy whose manifest is not).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from embodyhpc.data.staging import manifest as manifest_module
+from embodyhpc.data.staging import transfer
+from embodyhpc.data.staging.errors import NotEnoughSpaceError, StageInputError, StagingError
+from embodyhpc.data.staging.lock import dest_lock
+from embodyhpc.data.staging.manifest import (
+    CONTROL_PREFIX,
+    MANIFEST_NAME,
+    PARTIAL_SUFFIX,
+    FileEntry,
+    Manifest,
+    load_manifest,
+    manifest_path,
+    num_leaves,
+    write_manifest,
+)
+from embodyhpc.data.staging.progress import Progress, format_bytes
+from embodyhpc.data.staging.transfer import Chunk, Copied, WholeFiles, make_tasks, run_tasks
+from embodyhpc.data.staging.tree import Plan, SourceFile, make_plan, scan_dest, scan_source
+from embodyhpc.data.staging.verify import TASKS_PER_WORKER, damaged_error, verify_files
+
+MANIFEST_FLUSH_INTERVAL_S = 2.0
+"""At most this much finished copying is redone after a kill (the manifest cost is ~10 ms per 10k files)."""
+SPACE_MARGIN_BYTES = 256 * 1024 * 1024
+"""Left free beyond what the copy needs: other jobs and logs share node-local disks."""
+SPACE_MARGIN_FRACTION = 0.02
+_ALLOCATION_BYTES = 4096  # files occupy whole filesystem blocks
+
+
+@dataclass(frozen=True)
+class StageResult:
+    src: str
+    dest: str
+    num_files_copied: int
+    num_files_skipped: int
+    """Unchanged since the last run: not copied again."""
+    num_files_removed: int
+    """Gone from the source, so deleted from the staged copy."""
+    num_bytes_copied: int
+    elapsed_s: float
+    verified: bool
+    """Every staged file was re-hashed in this run and matched the manifest."""
+    num_files_repaired: int = 0
+    """Staged files that failed verification and were copied again (counted in num_files_copied as well)."""
+
+    def summary(self) -> str:
+        rate = format_bytes(self.num_bytes_copied / max(self.elapsed_s, 1e-9))
+        return (f"staged {self.src} -> {self.dest}: {self.num_files_copied} files copied "
+                f"({format_bytes(self.num_bytes_copied)}, {rate}/s), {self.num_files_skipped} unchanged, "
+                f"{self.num_files_removed} removed, {self.num_files_repaired} repaired, "
+                f"{'verified' if self.verified else 'not verified'}, {self.elapsed_s:.1f} s")
+
+
+def stage(src: str | os.PathLike, dest: str | os.PathLike, *, workers: int = 8, verify: bool = True,
+          progress: bool = True) -> StageResult:
+    """Mirror the folder `src` into `dest` (created if missing) and return what was done.
+
+    workers: copy threads. verify: afterwards re-hash the whole staged copy (one read of the local copy) and
+    re-copy what does not match; False trusts size and mtime. progress: a bar on a terminal, a line every
+    10 s otherwise, and a summary line at the end, all on stderr.
+    Raises StageInputError (bad arguments), NotEnoughSpaceError (before anything is copied), StagingError,
+    and StagedDataError when a file still differs after being copied again.
+    """
+    start = time.monotonic()
+    src_path, dest_path = _check_paths(src, dest)
+    if workers < 1:
+        raise StageInputError(f"workers must be at least 1, got {workers}", key="staging.copy_workers",
+                              fix="use 8 or more on a parallel filesystem")
+    try:
+        dest_path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StagingError(f"cannot create the destination folder ({exc.strerror})", where=str(dest_path),
+                           fix="pick a writable node-local folder (staging.nvme_dir)") from exc
+    with dest_lock(dest_path, exclusive=True, announce=_print_stderr if progress else None), \
+            ThreadPoolExecutor(workers, thread_name_prefix="embodyhpc-stage") as pool:
+        result = _StageRun(str(src_path), str(dest_path), pool, workers, progress).run(verify, start)
+    if progress:
+        _print_stderr(result.summary())
+    return result
+
+
+class _StageRun:
+    """One staging run; the manifest is only touched from the thread that calls `run`."""
+
+    def __init__(self, src: str, dest: str, pool: Executor, workers: int, progress: bool) -> None:
+        self.src = src
+        self.dest = dest
+        self.pool = pool
+        self.window = workers * TASKS_PER_WORKER
+        self.progress = progress
+        self.manifest = Manifest(src)
+        self._flushed_at = 0.0
+
+    def run(self, verify: bool, start: float) -> StageResult:
+        previous = self._previous_manifest()
+        chunk_bytes = manifest_module.CHUNK_BYTES
+        src_files, src_dirs = scan_source(self.src, self.pool)
+        dest_files, dest_dirs = scan_dest(self.dest)
+        # entries describe this source's files only if made from it with the same hash leaves
+        trusted = previous is not None and previous.source == self.src and previous.chunk_bytes == chunk_bytes
+        recorded = previous.files if previous is not None and trusted else {}
+        plan = make_plan(src_files, src_dirs, dest_files, dest_dirs, recorded)
+        check_free_space(self.dest, plan)
+
+        self.manifest = Manifest(self.src, chunk_bytes, {rel: recorded[rel] for rel in plan.unchanged})
+        dirty = bool(plan.to_copy or plan.remove_files or plan.remove_dirs or plan.make_dirs
+                     or previous is None or not trusted or len(recorded) != len(plan.unchanged))
+        was_complete = previous is not None and previous.complete
+        was_verified = previous is not None and previous.verified
+        if dirty or not was_complete:
+            self._flush()  # complete=False from here until this run finishes
+        self._remove(plan)
+        num_bytes = self._copy(plan.to_copy, "copy")
+        damaged: list[SourceFile] = []
+        if verify:
+            problems = verify_files(self.dest, self.manifest.files, chunk_bytes, self.pool, window=self.window,
+                                    progress=self.progress)
+            damaged = [src_files[rel] for rel, _ in problems]
+            if damaged:
+                for f in damaged:
+                    del self.manifest.files[f.rel]
+                self._flush()
+                num_bytes += self._copy(damaged, "repair")
+                still = verify_files(self.dest, {f.rel: self.manifest.files[f.rel] for f in damaged}, chunk_bytes,
+                                     self.pool, window=self.window, progress=False)
+                if still:
+                    raise damaged_error(self.dest, still, "check the node-local disk (dmesg, SMART): these files "
+                                        "were copied again and still differ")
+        self.manifest.complete = True
+        # a copy verified earlier stays verified as long as nothing in it changes
+        self.manifest.verified = verify or (was_verified and not dirty)
+        if dirty or damaged or not was_complete or self.manifest.verified != was_verified:
+            self._flush()
+        repaired_unchanged = len({f.rel for f in damaged} & set(plan.unchanged))
+        return StageResult(
+            src=self.src, dest=self.dest, num_files_copied=len(plan.to_copy) + repaired_unchanged,
+            num_files_skipped=len(plan.unchanged) - repaired_unchanged,
+            num_files_removed=sum(not rel.endswith(PARTIAL_SUFFIX) for rel in plan.remove_files),
+            num_bytes_copied=num_bytes, elapsed_s=time.monotonic() - start, verified=verify,
+            num_files_repaired=len(damaged))
+
+    def _previous_manifest(self) -> Manifest | None:
+        if not manifest_path(Path(self.dest)).exists():
+            foreign = sorted(e.name for e in os.scandir(self.dest) if not e.name.startswith(CONTROL_PREFIX))
+            if foreign:
+                shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+                raise StageInputError(f"the destination is not empty ({shown}) and staging did not create it "
+                                      f"(no {MANIFEST_NAME}); staging deletes what the source lacks, so it refuses",
+                                      where=self.dest, fix="stage into a new or empty folder, or delete this one")
+            return None
+        try:
+            return load_manifest(Path(self.dest))
+        except StagingError:
+            return None  # unreadable, but its name says staging made this folder: everything is re-copied
+
+    def _remove(self, plan: Plan) -> None:
+        try:
+            for rel in plan.remove_files:
+                try:
+                    os.unlink(os.path.join(self.dest, rel))
+                except FileNotFoundError:
+                    pass
+            for rel in plan.remove_dirs:
+                shutil.rmtree(os.path.join(self.dest, rel))
+            for rel in plan.make_dirs:
+                os.makedirs(os.path.join(self.dest, rel), exist_ok=True)
+        except OSError as exc:
+            raise StagingError(f"cannot update the staged folder ({exc.strerror or exc})",
+                               where=str(exc.filename or self.dest), fix="check the folder's permissions") from exc
+
+    def _copy(self, files: list[SourceFile], label: str) -> int:
+        """Copy `files`, recording each in the manifest as it completes; returns the bytes copied."""
+        if not files:
+            return 0
+        chunk_bytes = self.manifest.chunk_bytes
+        leaves: dict[str, dict[int, bytes]] = {}
+        num_bytes = 0
+
+        def start_large(f: SourceFile) -> None:
+            transfer.start_large_copy(self.dest, f)
+            leaves[f.rel] = {}
+
+        def work(task: WholeFiles | Chunk) -> object:
+            if isinstance(task, Chunk):
+                return transfer.copy_chunk(self.src, self.dest, task)
+            return transfer.copy_batch(self.src, self.dest, task)
+
+        def on_result(task: WholeFiles | Chunk, result: object) -> None:
+            nonlocal num_bytes
+            if isinstance(task, WholeFiles):
+                assert isinstance(result, tuple)
+                copied, error = result
+                for f, done in zip(task.files, copied, strict=False):  # a failed batch returns a prefix
+                    num_bytes += self._record(f, done)
+                    bar.advance(done.size, 1)
+                if error is not None:
+                    raise error
+            else:
+                assert isinstance(result, bytes)
+                digests = leaves[task.file.rel]
+                digests[task.index] = result
+                bar.advance(task.length)
+                if len(digests) == num_leaves(task.file.size, chunk_bytes):
+                    ordered = [digests[i] for i in range(len(digests))]
+                    done = transfer.finish_large_copy(self.src, self.dest, task.file, ordered)
+                    num_bytes += self._record(task.file, done)
+                    bar.advance(0, 1)
+            if time.monotonic() - self._flushed_at >= MANIFEST_FLUSH_INTERVAL_S:
+                self._flush()
+
+        with Progress(label, sum(f.size for f in files), len(files), enabled=self.progress) as bar:
+            try:
+                run_tasks(self.pool, make_tasks(files, chunk_bytes, start_large), work, on_result,
+                          window=self.window)
+            finally:
+                self._flush()  # what finished stays finished, however the run stops
+        return num_bytes
+
+    def _record(self, f: SourceFile, copied: Copied) -> int:
+        self.manifest.files[f.rel] = FileEntry(copied.size, f.mtime_ns, copied.hash, copied.dest_mtime_ns)
+        return copied.size
+
+    def _flush(self) -> None:
+        write_manifest(Path(self.dest), self.manifest)
+        self._flushed_at = time.monotonic()
+
+
+def check_free_space(dest: str, plan: Plan) -> None:
+    """Refuse, before copying anything, when DEST's filesystem cannot hold what is left to copy plus a margin.
+
+    Space of files to delete counts as available; space of files being replaced does not (old and new copy
+    coexist until the rename), which errs on the safe side.
+    """
+    if not plan.to_copy:
+        return
+    allocated = sum(-(-f.size // _ALLOCATION_BYTES) * _ALLOCATION_BYTES for f in plan.to_copy)
+    needed = allocated + SPACE_MARGIN_BYTES + int(SPACE_MARGIN_FRACTION * allocated)
+    available = shutil.disk_usage(dest).free + plan.bytes_freed
+    if needed > available:
+        raise NotEnoughSpaceError(
+            f"not enough free space: {format_bytes(needed)} needed ({format_bytes(plan.num_bytes_to_copy)} to copy "
+            f"in {len(plan.to_copy)} files, plus a margin of {format_bytes(needed - allocated)}), "
+            f"{format_bytes(available)} available; nothing was copied", where=dest,
+            fix="free space on that filesystem or stage to a bigger one (staging.nvme_dir)")
+
+
+def _check_paths(src: str | os.PathLike, dest: str | os.PathLike) -> tuple[Path, Path]:
+    src_path = Path(os.path.realpath(src))
+    dest_path = Path(os.path.realpath(dest))
+    if not src_path.exists():
+        raise StageInputError("the dataset folder to stage does not exist", where=str(src),
+                              fix="check the path (data.root in the recipe)")
+    if not src_path.is_dir():
+        raise StageInputError("staging copies a dataset folder, and this is a file", where=str(src),
+                              fix="stage the folder that holds it")
+    if dest_path.exists() and not dest_path.is_dir():
+        raise StageInputError("the destination is a file", where=str(dest), fix="give a folder path")
+    if dest_path == src_path or dest_path.is_relative_to(src_path) or src_path.is_relative_to(dest_path):
+        raise StageInputError(f"source {src_path} and destination {dest_path} overlap",
+                              fix="stage into a folder outside the dataset (staging.nvme_dir)")
+    return src_path, dest_path
+
+
+def _print_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

@@ -1,0 +1,302 @@
+"""What the copy threads run: copy-and-hash or re-hash whole small files and chunks of large ones.
+
+I/O goes through os.read/os.pread/os.write in BLOCK_BYTES pieces: the GIL is released during each call and
+during BLAKE2b over more than 2 KiB, so threads overlap on the filesystem and on the hashing. Small files
+travel in batches to keep per-task overhead off the 10,000-small-files case; files above `chunk_bytes` are
+split into one task per hash leaf, so a single huge file uses every worker.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from dataclasses import dataclass
+from typing import TypeVar
+
+from embodyhpc.data.staging.errors import NotEnoughSpaceError, StagingError
+from embodyhpc.data.staging.manifest import PARTIAL_SUFFIX, leaf_hasher, root_hash
+from embodyhpc.data.staging.tree import SourceFile
+
+BLOCK_BYTES = 4 * 1024 * 1024
+BATCH_MAX_FILES = 64
+BATCH_MAX_BYTES = 16 * 1024 * 1024
+_OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
+_OPEN_WRITE = os.O_WRONLY | os.O_CLOEXEC
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class WholeFiles:
+    """Small files (each at most one hash leaf), handled one after the other by one worker."""
+
+    files: tuple[SourceFile, ...]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One hash leaf of a large file."""
+
+    file: SourceFile
+    index: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Copied:
+    rel: str
+    size: int
+    hash: str
+    dest_mtime_ns: int | None
+    """Only where the destination's filesystem stored a different mtime than the source's."""
+
+
+def partial_path(dest_root: str, rel: str) -> str:
+    return os.path.join(dest_root, rel) + PARTIAL_SUFFIX
+
+
+def make_tasks(files: Iterable[SourceFile], chunk_bytes: int,
+               on_large_file: Callable[[SourceFile], None] | None = None) -> Iterator[WholeFiles | Chunk]:
+    """Tasks for `files` in their order; `on_large_file` runs just before the first chunk of a large file."""
+    batch: list[SourceFile] = []
+    batch_bytes = 0
+    for f in files:
+        if f.size > chunk_bytes:
+            if on_large_file is not None:
+                on_large_file(f)
+            for index, offset in enumerate(range(0, f.size, chunk_bytes)):
+                yield Chunk(f, index, offset, min(chunk_bytes, f.size - offset))
+            continue
+        batch.append(f)
+        batch_bytes += f.size
+        if len(batch) >= BATCH_MAX_FILES or batch_bytes >= BATCH_MAX_BYTES:
+            yield WholeFiles(tuple(batch))
+            batch, batch_bytes = [], 0
+    if batch:
+        yield WholeFiles(tuple(batch))
+
+
+def run_tasks(pool: Executor, tasks: Iterable[T], fn: Callable[[T], R], on_result: Callable[[T, R], None],
+              *, window: int) -> None:
+    """Run `fn` over `tasks` on the pool with at most `window` in flight; `on_result` runs on this thread.
+
+    On the first failure (in a task, in `on_result`, or while making tasks) nothing new starts, the tasks
+    already running finish and still reach `on_result` (so finished files get recorded), then the failure
+    is raised.
+    """
+    pending: dict[Future, T] = {}
+    iterator = iter(tasks)
+    error: BaseException | None = None
+    exhausted = False
+    try:
+        while True:
+            while error is None and not exhausted and len(pending) < window:
+                try:
+                    task = next(iterator)
+                except StopIteration:
+                    exhausted = True
+                except Exception as exc:
+                    error = exc
+                else:
+                    pending[pool.submit(fn, task)] = task
+            if not pending:
+                break
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                task = pending.pop(future)
+                try:
+                    on_result(task, future.result())
+                except Exception as exc:
+                    error = error or exc
+        if error is not None:
+            raise error
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+# --- copying ---------------------------------------------------------------------------------------------
+
+
+def copy_batch(src_root: str, dest_root: str, task: WholeFiles) -> tuple[list[Copied], Exception | None]:
+    """Copy each file of the batch; a failure stops the batch but what was copied before it is returned."""
+    copied = []
+    for f in task.files:
+        try:
+            copied.append(copy_file(src_root, dest_root, f))
+        except Exception as exc:
+            return copied, exc
+    return copied, None
+
+
+def copy_file(src_root: str, dest_root: str, f: SourceFile) -> Copied:
+    """Copy one file of at most one hash leaf to `<name>.embodyhpc.partial`, then rename it into place."""
+    src_path = os.path.join(src_root, f.rel)
+    dest_path = os.path.join(dest_root, f.rel)
+    tmp = dest_path + PARTIAL_SUFFIX
+    leaf = leaf_hasher()
+    num_bytes = 0
+    try:
+        fd_in = os.open(src_path, _OPEN_READ)
+        try:
+            fd_out = os.open(tmp, _OPEN_WRITE | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                while num_bytes < f.size:
+                    data = os.read(fd_in, min(BLOCK_BYTES, f.size - num_bytes))
+                    if not data:
+                        break
+                    leaf.update(data)
+                    _write_all(fd_out, data)
+                    num_bytes += len(data)
+                _check_unchanged(f, os.fstat(fd_in), num_bytes, src_path)
+                dest_mtime_ns = _set_metadata(fd_out, f)
+            finally:
+                os.close(fd_out)
+        finally:
+            os.close(fd_in)
+        os.rename(tmp, dest_path)
+    except OSError as exc:
+        raise copy_error(exc, src_path, dest_root) from exc
+    return Copied(f.rel, num_bytes, root_hash([leaf.digest()]), dest_mtime_ns)
+
+
+def start_large_copy(dest_root: str, f: SourceFile) -> None:
+    """Create the (sparse) partial file that the chunks of a large file are written into."""
+    tmp = partial_path(dest_root, f.rel)
+    try:
+        fd = os.open(tmp, _OPEN_WRITE | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, f.size)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise copy_error(exc, tmp, dest_root) from exc
+
+
+def copy_chunk(src_root: str, dest_root: str, task: Chunk) -> bytes:
+    """Copy one leaf of a large file into its partial file at the same offset; returns the leaf digest."""
+    src_path = os.path.join(src_root, task.file.rel)
+    leaf = leaf_hasher()
+    try:
+        fd_in = os.open(src_path, _OPEN_READ)
+        try:
+            fd_out = os.open(partial_path(dest_root, task.file.rel), _OPEN_WRITE)
+            try:
+                pos, end = task.offset, task.offset + task.length
+                while pos < end:
+                    data = os.pread(fd_in, min(BLOCK_BYTES, end - pos), pos)
+                    if not data:
+                        raise _changed(src_path)
+                    leaf.update(data)
+                    _write_all(fd_out, data, pos)
+                    pos += len(data)
+            finally:
+                os.close(fd_out)
+        finally:
+            os.close(fd_in)
+    except OSError as exc:
+        raise copy_error(exc, src_path, dest_root) from exc
+    return leaf.digest()
+
+
+def finish_large_copy(src_root: str, dest_root: str, f: SourceFile, leaves: list[bytes]) -> Copied:
+    """After every chunk landed: check the source did not change meanwhile, set metadata, rename into place."""
+    src_path = os.path.join(src_root, f.rel)
+    tmp = partial_path(dest_root, f.rel)
+    try:
+        _check_unchanged(f, os.stat(src_path), f.size, src_path)
+        fd = os.open(tmp, _OPEN_WRITE)
+        try:
+            dest_mtime_ns = _set_metadata(fd, f)
+        finally:
+            os.close(fd)
+        os.rename(tmp, os.path.join(dest_root, f.rel))
+    except OSError as exc:
+        raise copy_error(exc, src_path, dest_root) from exc
+    return Copied(f.rel, f.size, root_hash(leaves), dest_mtime_ns)
+
+
+def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        if offset is None:
+            done += os.write(fd, view[done:])
+        else:
+            done += os.pwrite(fd, view[done:], offset + done)
+
+
+def _set_metadata(fd: int, f: SourceFile) -> int | None:
+    # owner read/write added so staging can always re-read (verify) and replace what it wrote
+    os.fchmod(fd, stat.S_IMODE(f.mode) | 0o600)
+    os.utime(fd, ns=(f.mtime_ns, f.mtime_ns))
+    mtime_ns = os.fstat(fd).st_mtime_ns
+    return None if mtime_ns == f.mtime_ns else mtime_ns
+
+
+def _check_unchanged(f: SourceFile, st: os.stat_result, num_bytes: int, src_path: str) -> None:
+    if num_bytes != f.size or st.st_size != f.size or st.st_mtime_ns != f.mtime_ns:
+        raise _changed(src_path)
+
+
+def _changed(src_path: str) -> StagingError:
+    return StagingError("the source file changed while it was being copied", where=src_path,
+                        fix="wait until nothing writes to the dataset, then stage again (it resumes)")
+
+
+def copy_error(exc: OSError, path: str, dest_root: str) -> StagingError:
+    if exc.errno == errno.ENOSPC:
+        return NotEnoughSpaceError("the destination filesystem filled up while copying", where=dest_root,
+                                   fix="free space there or stage to a bigger filesystem; staging resumes")
+    where = exc.filename if isinstance(exc.filename, str) else path
+    return StagingError(f"copy failed: {exc.strerror or exc}", where=where,
+                        fix="fix the cause and stage again (finished files are not copied again)")
+
+
+# --- verification ----------------------------------------------------------------------------------------
+
+
+def hash_batch(dest_root: str, task: WholeFiles) -> list[tuple[str, str | None, str | None]]:
+    """(rel, hash, problem) for each staged small file; hash is None where the file could not be read whole."""
+    out: list[tuple[str, str | None, str | None]] = []
+    for f in task.files:
+        leaf = leaf_hasher()
+        num_bytes = 0
+        try:
+            with open(os.path.join(dest_root, f.rel), "rb", buffering=0) as fh:
+                while data := fh.read(BLOCK_BYTES):
+                    leaf.update(data)
+                    num_bytes += len(data)
+        except OSError as exc:
+            out.append((f.rel, None, f"unreadable ({exc.strerror or exc})"))
+            continue
+        if num_bytes != f.size:
+            out.append((f.rel, None, f"{num_bytes} bytes, expected {f.size}"))
+        else:
+            out.append((f.rel, root_hash([leaf.digest()]), None))
+    return out
+
+
+def hash_chunk(dest_root: str, task: Chunk) -> bytes | str:
+    """The leaf digest of one chunk of a staged large file, or a problem description."""
+    leaf = leaf_hasher()
+    try:
+        fd = os.open(os.path.join(dest_root, task.file.rel), _OPEN_READ)
+        try:
+            pos, end = task.offset, task.offset + task.length
+            while pos < end:
+                data = os.pread(fd, min(BLOCK_BYTES, end - pos), pos)
+                if not data:
+                    return f"ends at byte {pos}, expected {task.file.size}"
+                leaf.update(data)
+                pos += len(data)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    return leaf.digest()

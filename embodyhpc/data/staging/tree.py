@@ -1,0 +1,156 @@
+"""Listing the source and destination trees, and deciding what to copy, keep and delete.
+
+Paths are relative, '/'-separated strings. The source is read through symlinks (a dataset folder of links
+to blobs stages as plain files); the destination is read without following them (staging owns its contents).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from embodyhpc.data.staging.errors import StageInputError
+from embodyhpc.data.staging.manifest import CONTROL_PREFIX, PARTIAL_SUFFIX, FileEntry
+
+_STAT_BATCH = 256  # stats per task: parallel on a parallel filesystem, little overhead on a local one
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    rel: str
+    size: int
+    mtime_ns: int
+    mode: int
+
+
+@dataclass(frozen=True)
+class DestFile:
+    size: int
+    mtime_ns: int
+    regular: bool
+
+
+@dataclass
+class Plan:
+    to_copy: list[SourceFile] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    remove_files: list[str] = field(default_factory=list)
+    """Destination files not in the source (old files, strays, leftover partial copies), deleted first."""
+    remove_dirs: list[str] = field(default_factory=list)
+    """Destination folders not in the source (outermost only), deleted after those files."""
+    make_dirs: list[str] = field(default_factory=list)
+    bytes_freed: int = 0
+
+    @property
+    def num_bytes_to_copy(self) -> int:
+        return sum(f.size for f in self.to_copy)
+
+
+def _walk(root: str, *, follow_symlinks: bool) -> Iterator[tuple[str, str, os.DirEntry]]:
+    """(kind, relative path, entry) for every entry under root; kind is "dir", "file" or "other".
+
+    Staging's own entries at the top (CONTROL_PREFIX...) are left out. A symlink to a folder that contains
+    it is refused rather than followed forever.
+    """
+    root_st = os.stat(root)
+    stack: list[tuple[str, str, frozenset]] = [("", root, frozenset({(root_st.st_dev, root_st.st_ino)}))]
+    while stack:
+        rel_dir, path, parents = stack.pop()
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if not rel_dir and entry.name.startswith(CONTROL_PREFIX):
+                    continue
+                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                if entry.is_dir(follow_symlinks=follow_symlinks):
+                    yield "dir", rel, entry
+                    inner = parents
+                    if follow_symlinks:
+                        st = entry.stat()
+                        if (st.st_dev, st.st_ino) in parents:
+                            raise StageInputError("symlink loop: this folder links back to a folder that contains "
+                                                  "it", where=entry.path, fix="remove the link or stage its target")
+                        inner = parents | {(st.st_dev, st.st_ino)}
+                    stack.append((rel, entry.path, inner))
+                elif entry.is_file(follow_symlinks=follow_symlinks):
+                    yield "file", rel, entry
+                else:
+                    yield "other", rel, entry
+
+
+def scan_source(src: str, pool: Executor) -> tuple[dict[str, SourceFile], list[str]]:
+    """The source's files (with size, mtime, mode) and folders; stats run in parallel batches."""
+    dirs: list[str] = []
+    entries: list[tuple[str, os.DirEntry]] = []
+    for kind, rel, entry in _walk(src, follow_symlinks=True):
+        if kind == "dir":
+            dirs.append(rel)
+        elif kind == "file":
+            if rel.endswith(PARTIAL_SUFFIX):
+                raise StageInputError(f"file names ending in {PARTIAL_SUFFIX} are reserved for copies in progress",
+                                      where=entry.path, fix="rename the file")
+            entries.append((rel, entry))
+        elif entry.is_symlink():
+            raise StageInputError("broken symlink in the dataset", where=entry.path,
+                                  fix="repair or remove the link; training would fail on it")
+        # sockets, fifos and devices are not dataset files: skipped
+
+    def stat_batch(batch: list[tuple[str, os.DirEntry]]) -> list[SourceFile]:
+        out = []
+        for rel, entry in batch:
+            st = entry.stat()
+            out.append(SourceFile(rel, st.st_size, st.st_mtime_ns, st.st_mode))
+        return out
+
+    batches = [entries[i:i + _STAT_BATCH] for i in range(0, len(entries), _STAT_BATCH)]
+    files = {f.rel: f for batch in pool.map(stat_batch, batches) for f in batch}
+    return files, dirs
+
+
+def scan_dest(dest: str) -> tuple[dict[str, DestFile], list[str]]:
+    """The destination's files (symlinks and special files count as non-regular files) and folders."""
+    files: dict[str, DestFile] = {}
+    dirs: list[str] = []
+    for kind, rel, entry in _walk(dest, follow_symlinks=False):
+        if kind == "dir":
+            dirs.append(rel)
+        else:
+            st = entry.stat(follow_symlinks=False)
+            files[rel] = DestFile(st.st_size, st.st_mtime_ns, stat.S_ISREG(st.st_mode))
+    return files, dirs
+
+
+def is_unchanged(src: SourceFile, entry: FileEntry | None, dest: DestFile | None) -> bool:
+    """Skip the copy when the manifest recorded this very source file and the staged file still looks like it.
+
+    Decided from stat alone, so restaging never re-reads the source; content damage that keeps size and
+    mtime is what verification (re-hashing the staged copy) is for.
+    """
+    return (entry is not None and dest is not None and dest.regular
+            and entry.size == src.size and entry.mtime_ns == src.mtime_ns
+            and dest.size == entry.size and dest.mtime_ns == entry.staged_mtime_ns)
+
+
+def make_plan(src_files: dict[str, SourceFile], src_dirs: list[str], dest_files: dict[str, DestFile],
+              dest_dirs: list[str], recorded: dict[str, FileEntry]) -> Plan:
+    plan = Plan()
+    for rel, src in src_files.items():
+        if is_unchanged(src, recorded.get(rel), dest_files.get(rel)):
+            plan.unchanged.append(rel)
+        else:
+            plan.to_copy.append(src)
+    for rel, dest in dest_files.items():
+        if rel not in src_files:
+            plan.remove_files.append(rel)
+            plan.bytes_freed += dest.size if dest.regular else 0
+    wanted_dirs = set(src_dirs)
+    for rel in sorted(set(dest_dirs) - wanted_dirs):
+        if not plan.remove_dirs or not rel.startswith(plan.remove_dirs[-1] + "/"):
+            plan.remove_dirs.append(rel)
+    existing = set(dest_dirs) - set(plan.remove_dirs)
+    plan.make_dirs = sorted(d for d in wanted_dirs if d not in existing)
+    # biggest first: large files start early and small ones fill the gaps at the end
+    plan.to_copy.sort(key=lambda f: f.size, reverse=True)
+    return plan

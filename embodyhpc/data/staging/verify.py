@@ -1,0 +1,130 @@
+"""Checking a staged copy against its manifest: `verify_staged(dest)` before training reads it."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from embodyhpc.data.staging import transfer
+from embodyhpc.data.staging.errors import StagedDataError
+from embodyhpc.data.staging.lock import dest_lock
+from embodyhpc.data.staging.manifest import MANIFEST_NAME, FileEntry, load_manifest, num_leaves, root_hash
+from embodyhpc.data.staging.progress import Progress
+from embodyhpc.data.staging.transfer import Chunk, WholeFiles, make_tasks, run_tasks
+from embodyhpc.data.staging.tree import SourceFile
+
+TASKS_PER_WORKER = 4  # in flight per worker: enough to keep every worker busy, little memory
+_HASH_MISMATCH = "content differs (hash mismatch)"
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    dest: str
+    source: str
+    num_files: int
+    num_bytes: int
+    elapsed_s: float
+
+
+def verify_staged(dest: str | os.PathLike, *, src: str | os.PathLike | None = None, workers: int = 8,
+                  progress: bool = False) -> VerifyResult:
+    """Re-hash every file of a staged copy against its manifest; raise StagedDataError unless all match.
+
+    Call it before training reads `dest`. A copy whose staging did not finish, or (given `src`) that holds
+    another dataset, is refused too. Waits while a `stage` into `dest` is running.
+    """
+    start = time.monotonic()
+    dest_path = Path(os.path.realpath(dest))
+    if not dest_path.is_dir():
+        raise StagedDataError("no staged copy here: the folder does not exist", where=str(dest_path),
+                              fix="stage the dataset first: embodyhpc stage SRC DEST")
+    announce = _print_stderr if progress else None
+    with dest_lock(dest_path, exclusive=False, announce=announce):
+        manifest = load_manifest(dest_path)
+        if manifest is None:
+            raise StagedDataError(f"no staging manifest ({MANIFEST_NAME}): not a staged copy, or staging never "
+                                  "started", where=str(dest_path), fix="stage the dataset: embodyhpc stage SRC DEST")
+        fix = f"run `embodyhpc stage {manifest.source} {dest_path}`; it copies only what is missing or damaged"
+        if src is not None and os.path.realpath(src) != manifest.source:
+            raise StagedDataError(f"holds a copy of {manifest.source}, not of {os.path.realpath(src)}",
+                                  where=str(dest_path), fix=f"stage {src} into a folder of its own")
+        if not manifest.complete:
+            raise StagedDataError(f"staging did not finish ({len(manifest.files)} files copied so far)",
+                                  where=str(dest_path), fix=fix)
+        with ThreadPoolExecutor(workers, thread_name_prefix="embodyhpc-verify") as pool:
+            problems = verify_files(str(dest_path), manifest.files, manifest.chunk_bytes, pool,
+                                    window=workers * TASKS_PER_WORKER, progress=progress)
+        if problems:
+            raise damaged_error(str(dest_path), problems, fix)
+    return VerifyResult(str(dest_path), manifest.source, len(manifest.files),
+                        sum(e.size for e in manifest.files.values()), time.monotonic() - start)
+
+
+def verify_files(dest: str, entries: dict[str, FileEntry], chunk_bytes: int, pool: Executor, *, window: int,
+                 progress: bool) -> list[tuple[str, str]]:
+    """(relative path, what is wrong) for each staged file whose size or hash differs from its entry, sorted."""
+    problems: dict[str, str] = {}
+    to_hash: list[SourceFile] = []
+    for rel, entry in entries.items():
+        try:
+            st = os.stat(os.path.join(dest, rel), follow_symlinks=False)
+        except FileNotFoundError:
+            problems[rel] = "missing"
+            continue
+        except OSError as exc:
+            problems[rel] = f"unreadable ({exc.strerror or exc})"
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            problems[rel] = "not a regular file"
+        elif st.st_size != entry.size:  # cheap, and catches truncation before any hashing
+            problems[rel] = f"{st.st_size} bytes, expected {entry.size}"
+        else:
+            to_hash.append(SourceFile(rel, entry.size, entry.mtime_ns, 0))
+    to_hash.sort(key=lambda f: f.size, reverse=True)
+    leaves: dict[str, dict[int, bytes | str]] = {}
+
+    def work(task: WholeFiles | Chunk) -> object:
+        if isinstance(task, Chunk):
+            return transfer.hash_chunk(dest, task)
+        return transfer.hash_batch(dest, task)
+
+    def on_result(task: WholeFiles | Chunk, result: object) -> None:
+        if isinstance(task, WholeFiles):
+            assert isinstance(result, list)
+            for f, (rel, digest, problem) in zip(task.files, result, strict=True):
+                bar.advance(f.size, 1)
+                if problem is not None or digest != entries[rel].hash:
+                    problems[rel] = problem or _HASH_MISMATCH
+            return
+        rel = task.file.rel
+        digests = leaves.setdefault(rel, {})
+        digests[task.index] = result  # a leaf digest, or what went wrong reading it
+        bar.advance(task.length)
+        if len(digests) < num_leaves(task.file.size, chunk_bytes):
+            return
+        bar.advance(0, 1)
+        failures = [d for d in digests.values() if isinstance(d, str)]
+        if failures:
+            problems[rel] = failures[0]
+        elif root_hash(digests[i] for i in range(len(digests))) != entries[rel].hash:
+            problems[rel] = _HASH_MISMATCH
+
+    with Progress("verify", sum(f.size for f in to_hash), len(to_hash), enabled=progress) as bar:
+        run_tasks(pool, make_tasks(to_hash, chunk_bytes), work, on_result, window=window)
+    return sorted(problems.items())
+
+
+def damaged_error(dest: str, problems: list[tuple[str, str]], fix: str) -> StagedDataError:
+    shown = "; ".join(f"{rel}: {what}" for rel, what in problems[:5])
+    more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+    return StagedDataError(f"{len(problems)} staged file(s) do not match the manifest, never train on them: "
+                           f"{shown}{more}", problems=problems, where=dest, fix=fix)
+
+
+def _print_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

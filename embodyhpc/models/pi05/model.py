@@ -1,0 +1,232 @@
+"""pi0.5 in PyTorch: a VLM prefix (SigLIP-style patches, prompt with discretised state) and a flow-matching action
+expert that attends jointly with it in every layer (layers.JointLayer), on padded or packed batches.
+
+Flow matching, in the pi0 / openpi convention: t = 1 is pure noise, t = 0 the data.
+    x_t = t * noise + (1 - t) * actions,    target velocity u = dx_t/dt = noise - actions,
+t ~ Beta(1.5, 1) * 0.999 + 0.001 (more weight on noisy times). The loss is the MSE between the predicted and the
+target velocity over the valid entries of each sample (steps before the episode end, the robot's real action
+dims), averaged per sample, then over samples, so packing does not change any sample's weight.
+Inference integrates dx/dt = v from t = 1 to 0 in `num_steps` Euler steps, x <- x - v / num_steps. The prefix
+never attends to actions, so its keys and values are computed once and cached for all steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from embodyhpc.models.pi05.batch import Pi05Batch
+from embodyhpc.models.pi05.layers import (
+    AdaRMSNorm,
+    JointLayer,
+    KeyValue,
+    LayerContext,
+    RMSNorm,
+    TimeCondition,
+    rope_angles,
+)
+from embodyhpc.models.pi05.plan import TokenPlan, build_token_plan
+from embodyhpc.models.pi05.shapes import Pi05Shape
+from embodyhpc.models.pi05.vision import VisionTower
+
+TIME_BETA_ALPHA = 1.5  # t ~ Beta(1.5, 1): its CDF is t**1.5, so t = U**(1/1.5) by inversion
+TIME_MIN_PERIOD, TIME_MAX_PERIOD = 4e-3, 4.0  # sinusoidal time embedding periods
+
+
+@dataclass(frozen=True)
+class FlowMatchingOutput:
+    loss: torch.Tensor  # scalar: mean of per_sample_loss
+    per_sample_loss: torch.Tensor  # [N]
+
+
+def sample_time(num_samples: int, *, generator: torch.Generator | None = None,
+                device: torch.device | str = "cpu") -> torch.Tensor:
+    uniform = torch.rand(num_samples, generator=generator, device=_generator_device(generator, device))
+    return (uniform ** (1.0 / TIME_BETA_ALPHA) * 0.999 + 0.001).to(device)
+
+
+def time_embedding(time: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embedding [N, dim] of times in [0, 1], periods log-spaced from 4e-3 to 4."""
+    fraction = torch.linspace(0.0, 1.0, dim // 2, device=time.device, dtype=torch.float32)
+    period = TIME_MIN_PERIOD * (TIME_MAX_PERIOD / TIME_MIN_PERIOD) ** fraction
+    angle = time.float()[:, None] / period * (2 * math.pi)
+    return torch.cat([angle.sin(), angle.cos()], dim=-1)
+
+
+def _generator_device(generator: torch.Generator | None, device) -> torch.device:
+    return generator.device if generator is not None else torch.device(device)
+
+
+class Pi05Policy(nn.Module):
+    def __init__(self, shape: Pi05Shape, *, action_horizon: int, action_dim: int,
+                 attention_backend: str = "auto") -> None:
+        super().__init__()
+        self.shape = shape
+        self.action_horizon, self.action_dim = action_horizon, action_dim
+        self.attention_backend = attention_backend
+        vlm_width, expert_width = shape.vlm.width, shape.expert.width
+        self.vision = VisionTower(shape.vision)
+        self.vision_projector = nn.Linear(shape.vision.width, vlm_width)
+        self.embed_tokens = nn.Embedding(shape.vocab_size, vlm_width)
+        self.layers = nn.ModuleList(JointLayer(shape) for _ in range(shape.depth))
+        self.action_in = nn.Linear(action_dim, expert_width)
+        self.time_mlp_in = nn.Linear(expert_width, expert_width)
+        self.time_mlp_out = nn.Linear(expert_width, expert_width)
+        self.final_norm = AdaRMSNorm(expert_width, expert_width, shape.norm_eps)
+        self.action_out = nn.Linear(expert_width, action_dim)
+        self.init_weights()
+
+    # ---- declared for parallel/: no distributed code here ----
+    def fsdp_units(self) -> list[nn.Module]:
+        """Modules parallel/ shards one by one (then the root): the token embedding (0.5B parameters at full
+        size), every vision block, and every joint layer (the VLM and expert blocks of one depth are one unit
+        because one forward needs both)."""
+        return [self.embed_tokens, *self.vision.blocks, *self.layers]
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re)initialise every parameter; parallel/ calls it after materialising a meta-device build."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, RMSNorm):
+                nn.init.zeros_(module.weight)
+        for module in self.modules():
+            if isinstance(module, AdaRMSNorm):  # start as a plain RMSNorm; time modulation is learned
+                nn.init.zeros_(module.modulation.weight)
+                nn.init.zeros_(module.modulation.bias)
+        nn.init.normal_(self.vision.position_embedding, std=0.02)
+
+    # ---- training ----
+    def forward(self, batch: Pi05Batch, *, noise: torch.Tensor | None = None, time: torch.Tensor | None = None,
+                generator: torch.Generator | None = None) -> FlowMatchingOutput:
+        """The flow-matching loss of a batch with actions; noise and time are drawn unless given (tests)."""
+        if batch.actions is None:
+            raise ValueError("training needs batch.actions; use sample_actions for inference")
+        actions = batch.actions.float()
+        if actions.shape[1:] != (self.action_horizon, self.action_dim):
+            raise ValueError(f"actions are {tuple(actions.shape[1:])} per sample, the model predicts "
+                             f"({self.action_horizon}, {self.action_dim}) (model.action_horizon, model.action_dim)")
+        device = actions.device
+        if noise is None:
+            noise = torch.randn(actions.shape, generator=generator,
+                                device=_generator_device(generator, device)).to(device)
+        if time is None:
+            time = sample_time(actions.shape[0], generator=generator, device=device)
+        t = time.float()[:, None, None]
+        noisy = t * noise + (1.0 - t) * actions
+        velocity = self.predict_velocity(batch, noisy, time)
+        mask = self.loss_mask(batch)
+        squared = (velocity - (noise - actions)).pow(2) * mask
+        per_sample = squared.sum((1, 2)) / mask.sum((1, 2)).clamp(min=1.0)
+        return FlowMatchingOutput(loss=per_sample.mean(), per_sample_loss=per_sample)
+
+    def loss_mask(self, batch: Pi05Batch) -> torch.Tensor:
+        """[N, H, A] float: 1 on the entries the loss counts."""
+        mask = torch.ones_like(batch.actions, dtype=torch.float32)
+        if batch.action_is_pad is not None:
+            mask = mask * (~batch.action_is_pad.bool())[:, :, None]
+        if batch.action_dim_mask is not None:
+            mask = mask * batch.action_dim_mask.bool()[:, None, :]
+        return mask
+
+    def predict_velocity(self, batch: Pi05Batch, noisy_actions: torch.Tensor, time: torch.Tensor, *,
+                         plan: TokenPlan | None = None) -> torch.Tensor:
+        """v(x_t, t) [N, H, A] with the full model (prefix recomputed)."""
+        plan = plan if plan is not None else self.token_plan(batch)
+        ctx = self._context(plan, time)
+        prefix, suffix = self._embed_prefix(batch, plan), self._embed_suffix(noisy_actions, plan)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            prefix, suffix, _ = layer(prefix, suffix, ctx=ctx, prefix_queries=i < last)
+        return self._actions_out(suffix, ctx.cond, plan)
+
+    # ---- inference ----
+    @torch.no_grad()
+    def sample_actions(self, batch: Pi05Batch, *, num_steps: int = 10, noise: torch.Tensor | None = None,
+                       generator: torch.Generator | None = None, use_kv_cache: bool = True) -> torch.Tensor:
+        """Actions [N, H, A] by Euler integration from noise (t = 1) to t = 0; deterministic given the generator.
+
+        Under FSDP this is not `forward`: parallel/ registers it (fully_shard's register_fsdp_forward_method).
+        """
+        device = batch.images.device
+        shape = (batch.num_samples, self.action_horizon, self.action_dim)
+        x = noise if noise is not None else torch.randn(
+            shape, generator=generator, device=_generator_device(generator, device)).to(device)
+        x = x.float()
+        plan = self.token_plan(batch)
+        cache = self.prefix_cache(batch, plan) if use_kv_cache else None
+        dt = -1.0 / num_steps
+        for step in range(num_steps):
+            time = torch.full((batch.num_samples,), 1.0 + step * dt, device=device)
+            if cache is None:
+                velocity = self.predict_velocity(batch, x, time, plan=plan)
+            else:
+                velocity = self.velocity_from_cache(cache, x, time, plan)
+            x = x + dt * velocity
+        return x
+
+    def prefix_cache(self, batch: Pi05Batch, plan: TokenPlan) -> list[KeyValue]:
+        """Keys and values of the prefix in every layer (rotary applied)."""
+        ctx = self._context(plan, None)
+        prefix = self._embed_prefix(batch, plan)
+        cache, last = [], len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            prefix, _, kv = layer(prefix, None, ctx=ctx, prefix_queries=i < last)
+            cache.append(kv)
+        return cache
+
+    def velocity_from_cache(self, cache: list[KeyValue], noisy_actions: torch.Tensor, time: torch.Tensor,
+                            plan: TokenPlan) -> torch.Tensor:
+        ctx = self._context(plan, time)
+        suffix = self._embed_suffix(noisy_actions, plan)
+        for layer, kv in zip(self.layers, cache, strict=True):
+            _, suffix, _ = layer(None, suffix, ctx=ctx, cached_kv=kv)
+        return self._actions_out(suffix, ctx.cond, plan)
+
+    # ---- pieces ----
+    def token_plan(self, batch: Pi05Batch) -> TokenPlan:
+        if batch.images.shape[2] != 3:
+            raise ValueError(f"images must be [N, cameras, 3, H, W], got {tuple(batch.images.shape)}")
+        return build_token_plan(
+            rows=batch.packing_rows(), num_cameras=batch.num_cameras, num_patches=self.shape.vision.num_patches,
+            camera_valid=batch.camera_valid(), prompt_lengths=[int(n) for n in batch.prompt_lengths.tolist()],
+            max_prompt_len=batch.prompt_ids.shape[1], horizon=self.action_horizon, device=batch.images.device)
+
+    def _context(self, plan: TokenPlan, time: torch.Tensor | None) -> LayerContext:
+        shape = self.shape
+        cond = None
+        if time is not None:
+            emb = time_embedding(time, shape.expert.width).to(self.time_mlp_in.weight.dtype)
+            emb = nn.functional.silu(self.time_mlp_out(nn.functional.silu(self.time_mlp_in(emb))))
+            cond = TimeCondition(per_sample=emb, token_sample=plan.suffix_sample)
+        return LayerContext(plan=plan, prefix_rope=rope_angles(plan.prefix_positions, shape.head_dim, shape.rope_base),
+                            suffix_rope=rope_angles(plan.suffix_positions, shape.head_dim, shape.rope_base),
+                            cond=cond, backend=self.attention_backend)
+
+    def _embed_prefix(self, batch: Pi05Batch, plan: TokenPlan) -> torch.Tensor:
+        """[R, Tp, vlm width]: projected patch tokens and scaled prompt embeddings, gathered into rows."""
+        dtype = self.vision.patch_embed.weight.dtype
+        patches = self.vision(batch.images.flatten(0, 1).to(dtype))  # [N*C, P, vision width]
+        patches = self.vision_projector(patches).flatten(0, 1)
+        text = self.embed_tokens(batch.prompt_ids).flatten(0, 1)
+        text = text * torch.tensor(math.sqrt(self.shape.vlm.width), dtype=text.dtype)  # Gemma's embedding scale
+        source = torch.cat([patches, text.to(patches.dtype), patches.new_zeros(1, patches.shape[-1])])
+        return source[plan.prefix_source]
+
+    def _embed_suffix(self, noisy_actions: torch.Tensor, plan: TokenPlan) -> torch.Tensor:
+        tokens = self.action_in(noisy_actions.to(self.action_in.weight.dtype)).flatten(0, 1)  # [N*H, width]
+        return torch.cat([tokens, tokens.new_zeros(1, tokens.shape[-1])])[plan.suffix_source]
+
+    def _actions_out(self, suffix: torch.Tensor, cond: TimeCondition, plan: TokenPlan) -> torch.Tensor:
+        x = self.final_norm(suffix, cond).flatten(0, 1)[plan.action_slots]
+        x = x.view(plan.num_samples, self.action_horizon, -1)
+        return self.action_out(x).float()

@@ -1,0 +1,119 @@
+"""Tokenizers for policy prompts, and the pi0.5 prompt: instruction + discretised robot state as text.
+
+- tiny / small: a built-in byte-level tokenizer (no files, nothing to download).
+- full: a local file named by `model.tokenizer_path` — a SentencePiece model (`*.model`, e.g. PaliGemma's, which
+  the published pi0.5 vocabulary of 257152 ids comes from) or a Hugging Face `tokenizers` file (`*.json`).
+  The libraries are imported only when such a file is used (`pip install sentencepiece` / `tokenizers`).
+
+pi0.5 puts the proprioceptive state into the prompt: each dimension (normalised to [-1, 1]) is quantised into
+`num_bins` bins and written as its bin number, "Task: pick up the cup, State: 12 200 31;\nAction: ".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from embodyhpc.errors import ConfigError
+
+_KEY = "model.tokenizer_path"
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    pad_id: int
+    bos_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes shifted past three special ids: 0 pad, 1 bos, 2 eos."""
+
+    pad_id, bos_id, eos_id = 0, 1, 2
+    num_special = 3
+    vocab_size = 256 + num_special
+
+    def encode(self, text: str) -> list[int]:
+        return [b + self.num_special for b in text.encode("utf-8")]
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i - self.num_special for i in ids if i >= self.num_special).decode("utf-8", errors="replace")
+
+
+class SentencePieceTokenizer:
+    def __init__(self, path: Path) -> None:
+        try:
+            import sentencepiece
+        except ImportError as exc:
+            raise ConfigError(f"{path} is a SentencePiece model but the sentencepiece package is not installed",
+                              key=_KEY, fix="pip install sentencepiece") from exc
+        self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        self.vocab_size = self._sp.get_piece_size()
+        self.pad_id = max(self._sp.pad_id(), 0)  # -1 when the model defines none; padding is masked anyway
+        self.bos_id = self._sp.bos_id() if self._sp.bos_id() >= 0 else None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._sp.encode(text))
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` JSON file (only the Rust `tokenizers` package, no hub access)."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            import tokenizers
+        except ImportError as exc:
+            raise ConfigError(f"{path} is a tokenizers JSON file but the tokenizers package is not installed",
+                              key=_KEY, fix="pip install tokenizers") from exc
+        self._tok = tokenizers.Tokenizer.from_file(str(path))
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.pad_id = next((i for t in ("<pad>", "[PAD]") if (i := self._tok.token_to_id(t)) is not None), 0)
+        self.bos_id = next((i for t in ("<bos>", "<s>", "[CLS]") if (i := self._tok.token_to_id(t)) is not None),
+                           None)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+
+def load_tokenizer(size: str, tokenizer_path: str | None) -> Tokenizer:
+    """The tokenizer for a model size: the file at tokenizer_path if set, else the byte tokenizer (not for full)."""
+    if tokenizer_path is None:
+        if size == "full":
+            raise ConfigError("size full needs the tokenizer its 257152-id vocabulary comes from", key=_KEY,
+                              fix=f"set {_KEY}=/path/to/paligemma_tokenizer.model (a local SentencePiece file)")
+        return ByteTokenizer()
+    path = Path(tokenizer_path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"no tokenizer file at {path}", key=_KEY,
+                          fix="copy the tokenizer file to the cluster and give its full path")
+    if path.suffix == ".model":
+        return SentencePieceTokenizer(path)
+    if path.suffix == ".json":
+        return HFTokenizer(path)
+    raise ConfigError(f"{path.name}: unknown tokenizer format", key=_KEY,
+                      fix="give a SentencePiece *.model or a tokenizers *.json file")
+
+
+def discretize_state(state: torch.Tensor, num_bins: int = 256) -> list[int]:
+    """Bin numbers 0..num_bins-1 of a state normalised to [-1, 1] (values outside are clipped to the end bins)."""
+    scaled = (state.detach().float().cpu().clamp(-1.0, 1.0) + 1.0) / 2.0 * num_bins
+    return scaled.floor().clamp(max=num_bins - 1).long().tolist()
+
+
+def encode_prompt(tokenizer: Tokenizer, instruction: str, state: torch.Tensor, *, max_tokens: int,
+                  num_bins: int = 256) -> list[int]:
+    """[bos] + "Task: <instruction>, State: <bins>;\\nAction: ", at most max_tokens ids.
+
+    A long instruction is cut (its end) so that the state and the "Action: " cue always survive.
+    """
+    task = " ".join(instruction.strip().replace("_", " ").split())
+    head = ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + tokenizer.encode(f"Task: {task}")
+    tail = tokenizer.encode(f", State: {' '.join(map(str, discretize_state(state, num_bins)))};\nAction: ")
+    room = max_tokens - len(tail)
+    if room < 1:
+        raise ConfigError(f"the prompt budget of {max_tokens} tokens cannot hold the {len(tail)} tokens of the "
+                          "state", key="model.max_token_len", fix="raise model.max_token_len")
+    return head[:room] + tail

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# tools/system-deps.sh: the Debian packages embodyhpc needs on a fresh machine (run as root).
+# Idempotent: installs only what dpkg does not already have, so a second run takes milliseconds.
+#   - FFmpeg 5.1 shared libraries for torchcodec 0.13 (CPU) and the ffmpeg CLI (libx264, libsvtav1, libdav1d)
+#   - the local Slurm cluster for tests: tools/slurm-local.sh install
+set -euo pipefail
+PACKAGES=(libavutil57 libavcodec59 libavformat59 libavdevice59 libavfilter8 libswscale6 libswresample4 ffmpeg
+          ${EMBODYHPC_EXTRA_DEBS:-})
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[system-deps] installing: ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+bash "$(dirname "$0")/slurm-local.sh" install
