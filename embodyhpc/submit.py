@@ -39,9 +39,33 @@ def dry_run(loaded: LoadedRecipe, python: str) -> str:
     return "\n".join(out)
 
 
+def check_environment(loaded: LoadedRecipe, environ: dict[str, str], progress: Progress) -> None:
+    """Jobs inherit the submitting shell's environment, then the script exports the network profile.
+    A variable the user set to something else would be silently overridden: refuse, say how to fix.
+    Variables the profile does not set are inherited as they are: say so."""
+    from embodyhpc.errors import ConfigError
+    from embodyhpc.hw.versions import exported_nccl_env
+
+    network = loaded.config.network
+    clashes = network.conflicts(environ)
+    if clashes:
+        name, (mine, theirs) = next(iter(clashes.items()))
+        others = f" (also: {', '.join(list(clashes)[1:])})" if len(clashes) > 1 else ""
+        raise ConfigError(f"your environment sets {name}={mine!r} but the network profile sets {theirs!r}{others}",
+                          where=loaded.provenance.get("network.fabric", "network profile"), key="network",
+                          fix=f"unset {name}, or set network.extra_env.{name}={mine} to make it the profile's value")
+    inherited = {k: v for k, v in exported_nccl_env(environ).items() if k not in network.environment()}
+    if inherited:
+        progress("note: jobs inherit from your environment " + ", ".join(f"{k}={v}" for k, v in inherited.items()))
+
+
 def submit(loaded: LoadedRecipe, python: str, *, local: bool = False,
            progress: Progress = print) -> RunInfo:
+    import os
+
     from embodyhpc.slurm import commands
+
+    check_environment(loaded, dict(os.environ), progress)
 
     backend = "local"
     if not local:

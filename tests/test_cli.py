@@ -85,3 +85,21 @@ def test_doctor_json_on_this_node(cli):
     data = json.loads(result.out)
     assert data["hostname"] and {c["name"] for c in data["checks"]} >= {"gpus", "ib", "versions"}
     assert data["suggested_network"]["network"] == {"fabric": "ethernet"}
+
+
+def test_environment_contradicting_the_network_profile_is_refused(cli, runs_root, monkeypatch):
+    monkeypatch.setenv("NCCL_IB_HCA", "mlx5_9:1")
+    result = cli("submit", "demo_metaworld_cpu", "--local", f"job.runs_root={runs_root}", "network.fabric=ib",
+                 "network.hcas=[mlx5_0:1]")
+    assert result.code == 2 and "NCCL_IB_HCA='mlx5_9:1'" in result.err and "network.extra_env.NCCL_IB_HCA" in result.err
+    assert list(runs_root.iterdir()) == []
+
+
+def test_environment_agreeing_or_extra_is_logged_not_refused(cli, runs_root, monkeypatch):
+    from embodyhpc.config.load import load_recipe
+    from embodyhpc.submit import check_environment
+
+    loaded = load_recipe("demo_metaworld_cpu")
+    notes: list[str] = []
+    check_environment(loaded, {"NCCL_DEBUG": "WARN", "NCCL_ALGO": "Ring", "PATH": "/bin"}, notes.append)
+    assert notes == ["note: jobs inherit from your environment NCCL_ALGO=Ring"]

@@ -6,6 +6,7 @@ Each field's docstring says which variable it sets, what it does and when to cha
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from embodyhpc.config import checks
@@ -27,7 +28,8 @@ class NetworkConfig:
     gid_index: int | None = None
     """NCCL_IB_GID_INDEX: the RoCE v2 GID table entry (commonly 3); required for roce."""
     socket_ifname: str | None = None
-    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME: interface for bootstrap/TCP, e.g. eth0 or ^docker,lo."""
+    """NCCL_SOCKET_IFNAME (bootstrap and TCP traffic), e.g. ib0, eth0, =eth0 (exact) or ^lo,docker (exclude).
+    GLOO_SOCKET_IFNAME gets the same interface when it names one (Gloo knows no ^ exclusion lists)."""
     gdr_level: str | None = None
     """NCCL_NET_GDR_LEVEL: how far apart GPU and NIC may be for GPUDirect RDMA (LOC..SYS)."""
     cross_nic: int | None = None
@@ -68,6 +70,11 @@ class NetworkConfig:
         checks.positive("network.heartbeat_timeout_s", self.heartbeat_timeout_s)
         checks.env_names("network.extra_env", dict(self.extra_env))
 
+    def conflicts(self, environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+        """{name: (value in `environ`, value of this profile)} where the two disagree."""
+        return {name: (environ[name], value) for name, value in self.environment().items()
+                if name in environ and environ[name] != value}
+
     def environment(self) -> dict[str, str]:
         """The variables every rank of a job gets, in a stable order."""
         env: dict[str, str] = {}
@@ -84,7 +91,8 @@ class NetworkConfig:
             env["NCCL_IB_GID_INDEX"] = str(self.gid_index)
         if self.socket_ifname:
             env["NCCL_SOCKET_IFNAME"] = self.socket_ifname
-            env["GLOO_SOCKET_IFNAME"] = self.socket_ifname
+            if not self.socket_ifname.startswith("^"):
+                env["GLOO_SOCKET_IFNAME"] = self.socket_ifname.removeprefix("=")
         optional = {
             "NCCL_NET_GDR_LEVEL": self.gdr_level,
             "NCCL_CROSS_NIC": self.cross_nic,

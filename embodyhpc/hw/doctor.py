@@ -176,10 +176,9 @@ def _check_env(nccl_env: dict[str, str], network: NetworkConfig | None) -> list[
     if network is None:
         names = ", ".join(nccl_env) or "none"
         return [ok("nccl_env", f"exported NCCL/Gloo variables: {names}")]
-    profile = network.environment()
     # inside a job these variables come from the profile; a different value means the doctor runs in a shell
     # with hand-tuned NCCL settings, or the job was launched with another profile: either way, someone should look
-    clashes = [f"{k}={nccl_env[k]} (profile: {v})" for k, v in profile.items() if k in nccl_env and nccl_env[k] != v]
+    clashes = [f"{k}={mine} (profile: {theirs})" for k, (mine, theirs) in network.conflicts(nccl_env).items()]
     if clashes:
         return [warn("nccl_env", f"exported values differ from the network profile: {'; '.join(clashes)}")]
     return [ok("nccl_env", f"exported NCCL/Gloo variables agree with the network profile ({len(nccl_env)} set)")]

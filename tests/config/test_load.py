@@ -13,10 +13,10 @@ NEEDS = ["data.root=/data/set", "site.account=robotics", TOK]
 
 def test_shipped_inventory():
     assert shipped_recipes() == ["demo_metaworld_cpu", "pi05_bf16", "pi05_fp8"]
-    assert shipped_sites() == ["example_ib", "example_roce", "local"]
+    assert shipped_sites() == ["example_ib", "example_roce", "example_tcp", "local"]
 
 
-@pytest.mark.parametrize("site", ["local", "example_ib", "example_roce"])
+@pytest.mark.parametrize("site", ["local", "example_ib", "example_roce", "example_tcp"])
 @pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "pi05_bf16", "pi05_fp8"])
 def test_every_shipped_recipe_loads_on_every_site(recipe, site):
     overrides = NEEDS if recipe != "demo_metaworld_cpu" else ["site.account=robotics"] * (site != "local")

@@ -1,0 +1,45 @@
+"""Network profiles: the exact environment each fabric exports, and conflicts with a user's shell."""
+
+from __future__ import annotations
+
+import pytest
+
+from embodyhpc.config.network import NetworkConfig
+from embodyhpc.errors import ConfigError
+
+
+def test_ib_profile_environment_exactly():
+    env = NetworkConfig(fabric="ib", hcas=["mlx5_0:1", "mlx5_1:1"], socket_ifname="ib0", gdr_level="PHB",
+                        cross_nic=0, qps_per_connection=4, ib_timeout=22, ib_retry_cnt=10, nvls=False,
+                        extra_env={"NCCL_ALGO": "Ring"}).environment()
+    assert env == {
+        "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1", "NCCL_SOCKET_IFNAME": "ib0",
+        "GLOO_SOCKET_IFNAME": "ib0", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_CROSS_NIC": "0",
+        "NCCL_IB_QPS_PER_CONNECTION": "4", "NCCL_IB_TIMEOUT": "22", "NCCL_IB_RETRY_CNT": "10",
+        "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "600", "NCCL_ALGO": "Ring"}
+
+
+def test_roce_needs_gid_index_and_exports_it():
+    with pytest.raises(ConfigError, match="GID index"):
+        NetworkConfig(fabric="roce")
+    env = NetworkConfig(fabric="roce", gid_index=3, hcas=["mlx5_0:1"]).environment()
+    assert env["NCCL_IB_GID_INDEX"] == "3" and env["NCCL_IB_DISABLE"] == "0"
+
+
+def test_tcp_and_efa_profiles():
+    tcp = NetworkConfig(fabric="ethernet", socket_ifname="^lo,docker").environment()
+    assert tcp["NCCL_IB_DISABLE"] == "1" and tcp["NCCL_SOCKET_IFNAME"] == "^lo,docker"
+    assert "GLOO_SOCKET_IFNAME" not in tcp  # Gloo has no exclusion lists
+    assert NetworkConfig(socket_ifname="=eth0").environment()["GLOO_SOCKET_IFNAME"] == "eth0"
+    efa = NetworkConfig(fabric="efa").environment()
+    assert efa["FI_PROVIDER"] == "efa" and "NCCL_IB_DISABLE" not in efa
+    with pytest.raises(ConfigError, match="does not use RDMA"):
+        NetworkConfig(fabric="ethernet", hcas=["mlx5_0:1"])
+
+
+def test_conflicts_only_where_values_differ():
+    profile = NetworkConfig(fabric="ib", hcas=["mlx5_0:1"])
+    assert profile.conflicts({"NCCL_IB_HCA": "mlx5_0:1", "NCCL_DEBUG": "INFO", "HOME": "/root"}) == {
+        "NCCL_DEBUG": ("INFO", "WARN")}
