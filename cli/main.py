@@ -87,13 +87,13 @@ def render(
                                                     "(default: the one submit would create now).")] = None,
 ) -> None:
     """Print the sbatch scripts exactly as `submit` would hand them to Slurm."""
-    from embodyhpc.slurm.render import render_job
+    from embodyhpc.slurm.render import chain_kinds, render_job
     from embodyhpc.submit import default_run_dir
 
     _check_kind(job)
     loaded = _load(recipe, overrides, site)
     target = run_dir.resolve() if run_dir else default_run_dir(loaded.config.job)
-    kinds = [job] if job else [k for k in JOB_KINDS if k != "eval" or loaded.config.eval.enabled]
+    kinds = [job] if job else chain_kinds(loaded)
     for i, kind in enumerate(kinds):
         if len(kinds) > 1:
             typer.echo(f"{'' if i == 0 else chr(10)}# ===== {kind}.sbatch =====")

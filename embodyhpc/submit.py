@@ -16,7 +16,7 @@ from pathlib import Path
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.config.schema import JobConfig
 from embodyhpc.rundir import RESOLVED_YAML, RunInfo, new_run_dir
-from embodyhpc.slurm.render import render_job
+from embodyhpc.slurm.render import chain_kinds, render_job
 
 Progress = Callable[[str], None]
 
@@ -29,7 +29,7 @@ def default_run_dir(job: JobConfig) -> Path:
 
 def dry_run(loaded: LoadedRecipe, python: str) -> str:
     run_dir = default_run_dir(loaded.config.job)
-    kinds = ["train", "eval", "report"] if loaded.config.eval.enabled else ["train", "report"]
+    kinds = chain_kinds(loaded)
     deps = {"train": "", "eval": "--dependency=afterok:<train> --kill-on-invalid-dep=yes ",
             "report": f"--dependency=afterany:<train>{':<eval>' if 'eval' in kinds else ''} "}
     out = [f"# dry run: nothing submitted; run directory would be {run_dir}"]
@@ -75,9 +75,8 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False,
         else:
             progress(f"no Slurm cluster reachable ({why}): running the chain on this machine (--local)")
     job = loaded.config.job
-    for kind in ("train", "eval", "report"):  # a broken template fails before anything exists
-        if kind != "eval" or loaded.config.eval.enabled:
-            render_job(loaded, kind, Path("/nonexistent-run-dir"), python)
+    for kind in chain_kinds(loaded):  # a broken template fails before anything exists
+        render_job(loaded, kind, Path("/nonexistent-run-dir"), python)
     run_dir = new_run_dir(job.runs_root, job.experiment, job.name)
     (run_dir / RESOLVED_YAML).write_text(loaded.to_yaml())
     info = RunInfo(run_id=run_dir.name, run_dir=str(run_dir), backend=backend, recipe=loaded.recipe,
@@ -92,9 +91,8 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False,
             f"submitted {r.kind}: job {r.job_id}" + (f" ({r.dependency})" if r.dependency else "")))
     from embodyhpc.slurm.local import run_local_chain
 
-    for kind in ("train", "eval", "report"):  # the scripts a cluster would get, for reference
-        if kind != "eval" or loaded.config.eval.enabled:
-            (run_dir / "scripts" / f"{kind}.sbatch").write_text(render_job(loaded, kind, run_dir, python))
+    for kind in chain_kinds(loaded):  # the scripts a cluster would get, for reference
+        (run_dir / "scripts" / f"{kind}.sbatch").write_text(render_job(loaded, kind, run_dir, python))
     return run_local_chain(loaded, run_dir, info, progress=progress)
 
 
