@@ -174,6 +174,25 @@ def stage(
 
 
 @app.command()
+def demos(
+    out_dir: Annotated[Path, typer.Argument(help="New LeRobot v3.0 dataset folder.")],
+    task: Annotated[list[str] | None, typer.Option(help="MetaWorld v3 task (repeat); default: 4 MT10 tasks.")] = None,
+    episodes: Annotated[int, typer.Option(help="Expert episodes per task (failed ones are dropped).")] = 5,
+    image_size: Annotated[int, typer.Option(help="Camera image side in pixels.")] = 64,
+    seed: Annotated[int, typer.Option(help="Decides every goal; same seed, same dataset.")] = 0,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing dataset.")] = False,
+) -> None:
+    """Record MetaWorld scripted-expert demonstrations (with camera video) as a LeRobot v3.0 dataset."""
+    from embodyhpc.data.metaworld_demos import MT10_TASKS, generate_demos
+
+    summary = generate_demos(out_dir, task or MT10_TASKS[:4], episodes, image_size=image_size, seed=seed,
+                             overwrite=overwrite)
+    typer.echo(f"wrote {summary.num_episodes} episodes ({summary.num_frames} frames, "
+               f"{summary.size_bytes / 1e6:.2f} MB) of {summary.num_attempted} attempted to {summary.root} "
+               f"in {summary.wall_s:.0f} s")
+
+
+@app.command()
 def doctor(
     recipe: Annotated[str | None, typer.Argument(help="Recipe whose expectations to check against "
                                                     "(GPUs per node, nodes, runs root, NVMe, network).")] = None,

@@ -103,3 +103,9 @@ def test_environment_agreeing_or_extra_is_logged_not_refused(cli, runs_root, mon
     notes: list[str] = []
     check_environment(loaded, {"NCCL_DEBUG": "WARN", "NCCL_ALGO": "Ring", "PATH": "/bin"}, notes.append)
     assert notes == ["note: jobs inherit from your environment NCCL_ALGO=Ring"]
+
+
+def test_demos_rejects_unknown_task_before_writing(cli, tmp_path):
+    result = cli("demos", str(tmp_path / "ds"), "--task", "reach-v9")
+    assert result.code == 2 and "unknown MetaWorld tasks ['reach-v9']" in result.err
+    assert not (tmp_path / "ds").exists()
