@@ -23,6 +23,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   rich_markup_mode=None, help="Robot-policy training recipes to results on Slurm.")
 recipes_app = typer.Typer(no_args_is_help=True, help="Shipped recipes and site profiles.")
 app.add_typer(recipes_app, name="recipes")
+data_app = typer.Typer(no_args_is_help=True, help="Datasets: synthesise demonstrations, inspect.")
+app.add_typer(data_app, name="data")
 
 Recipe = Annotated[str, typer.Argument(help="Recipe file, or the name of a shipped recipe.")]
 Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, applied last.")]
@@ -173,23 +175,43 @@ def stage(
     typer.echo(result.summary())
 
 
-@app.command()
-def demos(
-    out_dir: Annotated[Path, typer.Argument(help="New LeRobot v3.0 dataset folder.")],
-    task: Annotated[list[str] | None, typer.Option(help="MetaWorld v3 task (repeat); default: 4 MT10 tasks.")] = None,
+@data_app.command("synth")
+def data_synth(
+    out: Annotated[Path, typer.Option("--out", help="New LeRobot v3.0 dataset folder.")],
+    env: Annotated[str, typer.Option(help="Simulator whose scripted experts act (metaworld).")] = "metaworld",
+    tasks: Annotated[str, typer.Option(help="Comma-separated tasks; default: 4 MT10 tasks.")] = "",
     episodes: Annotated[int, typer.Option(help="Expert episodes per task (failed ones are dropped).")] = 5,
     image_size: Annotated[int, typer.Option(help="Camera image side in pixels.")] = 64,
     seed: Annotated[int, typer.Option(help="Decides every goal; same seed, same dataset.")] = 0,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing dataset.")] = False,
 ) -> None:
-    """Record MetaWorld scripted-expert demonstrations (with camera video) as a LeRobot v3.0 dataset."""
+    """Record scripted-expert demonstrations (state, action, task text, camera video) as LeRobot v3.0."""
+    if env != "metaworld":
+        from embodyhpc.errors import UserError
+
+        raise UserError(f"unknown simulator {env!r}", key="--env", fix="use --env metaworld")
     from embodyhpc.data.metaworld_demos import MT10_TASKS, generate_demos
 
-    summary = generate_demos(out_dir, task or MT10_TASKS[:4], episodes, image_size=image_size, seed=seed,
-                             overwrite=overwrite)
+    chosen = [t.strip() for t in tasks.split(",") if t.strip()] or MT10_TASKS[:4]
+    summary = generate_demos(out, chosen, episodes, image_size=image_size, seed=seed, overwrite=overwrite)
     typer.echo(f"wrote {summary.num_episodes} episodes ({summary.num_frames} frames, "
                f"{summary.size_bytes / 1e6:.2f} MB) of {summary.num_attempted} attempted to {summary.root} "
                f"in {summary.wall_s:.0f} s")
+
+
+@data_app.command("info")
+def data_info(path: Annotated[Path, typer.Argument(help="LeRobot v3.0 folder or HDF5 file.")],
+              as_json: AsJson = False) -> None:
+    """Summarise a dataset: format, episodes, frames, fps, tasks, features."""
+    from embodyhpc.data.info import dataset_info, format_info
+
+    info = dataset_info(path)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(info, indent=2))
+    else:
+        typer.echo(format_info(info), nl=False)
 
 
 @app.command()

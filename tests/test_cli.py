@@ -105,7 +105,39 @@ def test_environment_agreeing_or_extra_is_logged_not_refused(cli, runs_root, mon
     assert notes == ["note: jobs inherit from your environment NCCL_ALGO=Ring"]
 
 
-def test_demos_rejects_unknown_task_before_writing(cli, tmp_path):
-    result = cli("demos", str(tmp_path / "ds"), "--task", "reach-v9")
+def test_data_synth_rejects_unknown_task_or_env_before_writing(cli, tmp_path):
+    result = cli("data", "synth", "--out", str(tmp_path / "ds"), "--tasks", "reach-v3,reach-v9")
     assert result.code == 2 and "unknown MetaWorld tasks ['reach-v9']" in result.err
+    result = cli("data", "synth", "--out", str(tmp_path / "ds"), "--env", "libero")
+    assert result.code == 2 and "--env metaworld" in result.err
     assert not (tmp_path / "ds").exists()
+
+
+def test_data_info_on_the_lerobot_fixture(cli):
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "data" / "fixtures" / "lerobot_v30_sample"
+    data = json.loads(cli("data", "info", str(fixture), "--json").out)
+    assert (data["format"], data["num_episodes"], data["num_frames"], data["fps"]) == ("lerobot-v3.0", 4, 120, 10)
+    assert data["cameras"] == ["observation.images.top", "observation.images.wrist"]
+    assert data["features"]["action"] == {"dtype": "float32", "shape": [4]} and len(data["tasks"]) == 2
+    assert data["episode_length"] == {"min": 30, "max": 30}
+    text = cli("data", "info", str(fixture)).out
+    assert "4 episodes, 120 frames at 10 fps" in text and "(av1)" in text
+
+
+def test_data_info_on_an_hdf5_file(cli, tmp_path):
+    import h5py
+    import numpy as np
+
+    path = tmp_path / "demos.hdf5"
+    with h5py.File(path, "w") as f:
+        for i, length in enumerate((5, 8)):
+            demo = f.create_group(f"data/demo_{i}")
+            demo["obs/agentview_image"] = np.zeros((length, 16, 16, 3), np.uint8)
+            demo["obs/joint_pos"] = np.zeros((length, 7), np.float64)
+            demo["actions"] = np.zeros((length, 7), np.float64)
+    data = json.loads(cli("data", "info", str(path), "--json").out)
+    assert (data["format"], data["num_episodes"], data["num_frames"]) == ("hdf5", 2, 13)
+    assert data["features"]["obs/agentview_image"] == {"dtype": "uint8", "shape": [16, 16, 3]}
+    assert data["episode_length"] == {"min": 5, "max": 8}
