@@ -21,6 +21,7 @@ from embodyhpc.data.metaworld_demos import (  # noqa: E402
     instruction_for,
     make_env,
 )
+from embodyhpc.errors import UserError
 
 TASK = "reach-v3"  # the expert succeeds in 34-54 steps: short episodes keep this module fast
 SIZE = 64
@@ -137,5 +138,5 @@ def test_instructions_and_task_names():
     assert set(INSTRUCTIONS) == set(MT10_TASKS)
     assert instruction_for("push-v3") == "push the puck to the goal"
     assert instruction_for("coffee-pull-v3") == "coffee pull"
-    with pytest.raises(ValueError, match="unknown MetaWorld tasks \\['reach-v9'\\]"):
+    with pytest.raises(UserError, match="unknown MetaWorld tasks \\['reach-v9'\\]"):
         generate_demos("/nonexistent/never-written", tasks=["reach-v9"], progress=False)

@@ -1,0 +1,13 @@
+"""Checkpoint errors: a failed save or load is a runtime failure (exit 1); a wrong folder is bad input (exit 2)."""
+
+from __future__ import annotations
+
+from embodyhpc.errors import RunFailure, UserError
+
+
+class CheckpointError(RunFailure):
+    """A save, load or export failed (on this rank or another: every rank raises, none hangs)."""
+
+
+class NotACheckpointError(UserError):
+    """A folder the user named is not a complete checkpoint."""

@@ -1,0 +1,142 @@
+"""The checkpoint folder on the parallel filesystem, and the rules that make it safe to read while jobs die.
+
+    checkpoints/
+        step-200/               DCP files of model + optimizer (.metadata, __<rank>_0.distcp)
+            trainer.json        step, sampler state, extra trainer state (identical on every rank; rank 0 writes it)
+            rng/rank-00000.pt   RNG states of each rank (per rank by nature: each rank draws its own noise)
+            .complete           the marker: written by rank 0 after EVERY rank finished writing
+        step-300/               no marker: a save in flight, or the leftover of a crash; never read
+        latest                  "step-200": names the newest complete folder; replaced atomically
+
+Truth is the marker, not `latest`: a job can die between writing a marker and updating `latest`, so resume scans
+for markers. `latest` is for people and tools (`--ckpt RUN/checkpoints/$(cat RUN/checkpoints/latest)`). It is a
+small file rather than a symlink because symlinks do not survive every copy of a run directory (object stores,
+`cp -r` to some filesystems, archives), and a file replaced with os.replace is just as atomic.
+
+Everything here is plain filesystem code without collectives: the Checkpointer decides which rank calls it.
+One training job writes a checkpoint folder at a time (Slurm requeues, it never runs two copies of one job), so
+an unmarked folder found when no save is in flight is a crash leftover.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from embodyhpc.rundir import write_json_atomic
+
+STEP_PREFIX = "step-"
+MARKER = ".complete"
+LATEST = "latest"
+TRAINER_JSON = "trainer.json"
+RNG_DIR = "rng"
+_RETIRING_PREFIX = ".retiring-"  # folders renamed away before deletion: invisible to readers at once
+_STEP_RE = re.compile(rf"^{STEP_PREFIX}(\d+)$")
+
+
+@dataclass(frozen=True)
+class Listing:
+    """Step folders found under a checkpoint root, each list sorted by step."""
+
+    complete: list[int]
+    incomplete: list[int]
+
+    @property
+    def newest_complete(self) -> int | None:
+        return self.complete[-1] if self.complete else None
+
+
+def step_name(step: int) -> str:
+    return f"{STEP_PREFIX}{step}"
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / step_name(step)
+
+
+def rng_file(folder: Path, rank: int) -> Path:
+    return folder / RNG_DIR / f"rank-{rank:05d}.pt"
+
+
+def parse_step(name: str) -> int | None:
+    """The step of a `step-N` folder name; None for anything else."""
+    match = _STEP_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / MARKER).is_file()
+
+
+def list_steps(root: Path) -> Listing:
+    complete: list[int] = []
+    incomplete: list[int] = []
+    if root.is_dir():
+        for entry in root.iterdir():
+            step = parse_step(entry.name)
+            if step is None or not entry.is_dir():
+                continue
+            (complete if is_complete(entry) else incomplete).append(step)
+    return Listing(sorted(complete), sorted(incomplete))
+
+
+def write_marker(folder: Path, info: dict[str, Any]) -> None:
+    """The last write of a save: after it the folder counts. Atomic, so a reader never sees half a marker."""
+    write_json_atomic(folder / MARKER, info)
+
+
+def read_marker(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / MARKER).read_text())
+
+
+def write_latest(root: Path, step: int) -> None:
+    """Point `latest` at step-N by replacing the file whole (os.replace is atomic on POSIX filesystems)."""
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{LATEST}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(step_name(step) + "\n")
+    os.replace(tmp, root / LATEST)
+
+
+def read_latest(root: Path) -> Path | None:
+    """The folder `latest` names, or None when there is no pointer yet."""
+    try:
+        name = (root / LATEST).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return root / name if parse_step(name) is not None else None
+
+
+def plan_retention(listing: Listing, keep_latest_k: int, in_flight: int | None = None) -> list[int]:
+    """Steps whose folders may go: complete ones beyond the newest `keep_latest_k`, and unmarked crash leftovers.
+
+    The newest complete folder is never chosen whatever `keep_latest_k` says (it is what a restart resumes from),
+    and neither is the folder of a save in flight (unmarked because it is still being written).
+    """
+    keep = max(keep_latest_k, 1)
+    old_complete = listing.complete[:-keep] if len(listing.complete) > keep else []
+    leftovers = [step for step in listing.incomplete if step != in_flight]
+    return sorted(old_complete + leftovers)
+
+
+def remove_folder(folder: Path) -> None:
+    """Rename first, then delete: readers scanning the root never see a half-deleted step folder as a step."""
+    if not folder.exists():
+        return
+    retiring = folder.with_name(f"{_RETIRING_PREFIX}{folder.name}-{uuid.uuid4().hex[:8]}")
+    os.replace(folder, retiring)
+    shutil.rmtree(retiring, ignore_errors=True)
+
+
+def remove_retiring_leftovers(root: Path) -> None:
+    """Finish deletions a crash interrupted (they are already invisible, this only frees the space)."""
+    if root.is_dir():
+        for entry in root.iterdir():
+            if entry.name.startswith(_RETIRING_PREFIX):
+                shutil.rmtree(entry, ignore_errors=True)
