@@ -1,0 +1,142 @@
+"""LeRobot-style dataset items -> pi0.5 samples and batches: the only place that knows both vocabularies.
+
+An item is what `embodyhpc.data.open_dataset(root, delta_timestamps={"action": [...]})[i]` returns:
+    observation.images.<camera>  [3, H, W] float in [0, 1]   (or [T, 3, H, W] with delta_timestamps on images)
+    observation.state            [S]                         (or [T, S])
+    action                       [H, A]  the chunk asked for by delta_timestamps["action"]
+    action_is_pad                [H] bool: chunk steps past the episode end
+    task                         str: the language instruction
+
+Choices made here, and why:
+- Cameras are stacked in sorted key order, so every sample of a dataset lists them alike and the model's camera
+  slots keep a fixed meaning.
+- Pi05Collate resizes images to the vision tower's input size, in float32, with the tower's own method (bilinear,
+  antialiased), so the model's resize becomes a no-op. Two reasons: it runs in the DataLoader workers instead of
+  the training step and moves fewer bytes to the GPU; and under bf16 mixed precision the model would resize in
+  bf16, which PyTorch's CPU kernel does not implement (antialiased bilinear raises NotImplementedError for
+  BFloat16 as of torch 2.13), so bf16 training on CPU fails without it.
+- With a time axis on images or state (history frames), only the newest frame is used: pi0.5 conditions on the
+  current observation.
+- Action dims are zero-padded up to model.action_dim and `num_action_dims` tells the loss which are real (pi0.5
+  trains one action width across robots). A dataset with more dims than model.action_dim is trimmed to the first
+  model.action_dim, with a warning once per process: the alternative, refusing, would block datasets that append
+  unused dims, but a trimmed real dim is never learned, so the warning names the fix.
+- The chunk length must equal model.action_horizon: a silent trim or pad there would change what the policy
+  predicts, so it is refused with the delta_timestamps that fix it.
+- No normalisation yet: state and actions are used as stored (the tokenizer clamps the state to [-1, 1] when it
+  discretises it). Dataset statistics belong to a later data-stats step.
+- No packing in this first version: every sample gets a row of its own (Pi05Batch.rows = None); packing with
+  embodyhpc.data.packing against model.max_token_len is a later change to `Pi05Collate` only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from embodyhpc.config.schema import ModelConfig
+from embodyhpc.errors import ConfigError
+from embodyhpc.models.pi05 import Pi05Batch, Pi05Sample, collate, max_prompt_tokens, shape_for
+
+log = logging.getLogger(__name__)
+
+IMAGE_PREFIX = "observation.images."
+STATE_KEY = "observation.state"
+ACTION_KEY = "action"
+ACTION_PAD_KEY = "action_is_pad"
+TASK_KEY = "task"
+
+_warned_trim = False
+
+
+def camera_keys(item: Mapping[str, Any]) -> list[str]:
+    """The item's camera keys in the fixed (sorted) order they are stacked in."""
+    return sorted(key for key in item if key.startswith(IMAGE_PREFIX))
+
+
+def to_pi05_sample(item: Mapping[str, Any], model_cfg: ModelConfig) -> Pi05Sample:
+    """One LeRobot-style item as a training Pi05Sample for the policy described by `model_cfg`."""
+    cameras = camera_keys(item)
+    if not cameras:
+        raise ValueError(f"the item has no {IMAGE_PREFIX}* keys (keys: {', '.join(sorted(item))}): pi0.5 needs at "
+                         "least one camera")
+    images = torch.stack([_newest(torch.as_tensor(item[key]), image_ndim=3) for key in cameras])  # [C, 3, H, W]
+    state = _newest(torch.as_tensor(item[STATE_KEY]), image_ndim=1).float()  # [S]
+    actions = torch.as_tensor(item[ACTION_KEY]).float()
+    horizon = model_cfg.action_horizon
+    if actions.ndim != 2 or actions.shape[0] != horizon:
+        raise ConfigError(
+            f"the dataset's action chunk has shape {tuple(actions.shape)}, the model predicts {horizon} steps "
+            f"(model.action_horizon={horizon})", key="data.delta_timestamps", related=("model.action_horizon",),
+            fix=f"set data.delta_timestamps.action to {horizon} offsets, e.g. [i / fps for i in range({horizon})]")
+    actions, num_dims = _fit_action_dims(actions, model_cfg.action_dim)
+    is_pad = item.get(ACTION_PAD_KEY)
+    return Pi05Sample(images=images.float(), instruction=str(item.get(TASK_KEY, "")), state=state, actions=actions,
+                      action_is_pad=None if is_pad is None else torch.as_tensor(is_pad).bool(),
+                      num_action_dims=num_dims)
+
+
+def _newest(tensor: torch.Tensor, *, image_ndim: int) -> torch.Tensor:
+    """Drop a leading history axis (delta_timestamps on an observation), keeping the newest frame."""
+    if tensor.ndim == image_ndim + 1:
+        return tensor[-1]
+    if tensor.ndim != image_ndim:
+        raise ValueError(f"expected {image_ndim} dims (or {image_ndim + 1} with a time axis), "
+                         f"got {tuple(tensor.shape)}")
+    return tensor
+
+
+def _fit_action_dims(actions: torch.Tensor, action_dim: int) -> tuple[torch.Tensor, int]:
+    """[H, A] -> ([H, action_dim], real dims): zero-pad, or trim with a warning (see the module doc)."""
+    global _warned_trim
+    num_dims = actions.shape[1]
+    if num_dims > action_dim:
+        if not _warned_trim:
+            log.warning("the dataset has %d action dims, model.action_dim=%d: dims %d.. are dropped and never "
+                        "learned (set model.action_dim=%d to keep them)", num_dims, action_dim, action_dim, num_dims)
+            _warned_trim = True
+        return actions[:, :action_dim].contiguous(), action_dim
+    if num_dims < action_dim:
+        actions = torch.nn.functional.pad(actions, (0, action_dim - num_dims))
+    return actions, num_dims
+
+
+class Pi05Collate:
+    """DataLoader collate_fn: LeRobot-style items -> one padded Pi05Batch (no packing in this version).
+
+    A class rather than a closure so that DataLoader workers can pickle it. The prompt budget depends on the
+    number of cameras, read from the first batch (the same for every item of a dataset).
+    """
+
+    def __init__(self, model_cfg: ModelConfig, tokenizer: Any) -> None:
+        self.model_cfg = model_cfg
+        self.tokenizer = tokenizer
+        self._prompt_budget: int | None = None
+        self._image_size = shape_for(model_cfg.size).vision.image_size
+
+    def __call__(self, items: Sequence[Mapping[str, Any]]) -> Pi05Batch:
+        samples = [to_pi05_sample(item, self.model_cfg) for item in items]
+        if self._prompt_budget is None:
+            self._prompt_budget = max_prompt_tokens(self.model_cfg, samples[0].images.shape[0])
+        batch = collate(samples, self.tokenizer, max_prompt_tokens=self._prompt_budget)
+        return replace(batch, images=resize_images(batch.images, self._image_size))
+
+
+def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
+    """[N, C, 3, H, W] -> [N, C, 3, size, size] in float32, the way the pi0.5 vision tower resizes."""
+    if images.shape[-2:] == (size, size):
+        return images
+    n, c = images.shape[:2]
+    flat = torch.nn.functional.interpolate(images.flatten(0, 1).float(), size=(size, size), mode="bilinear",
+                                           align_corners=False, antialias=True)
+    return flat.unflatten(0, (n, c))
+
+
+def batch_tokens(batch: Pi05Batch, model_cfg: ModelConfig) -> int:
+    """Tokens the batch puts through the transformer (image patches of present cameras + prompt + action chunk):
+    the count behind the tokens_per_s metric, padding excluded."""
+    return sum(batch.token_counts(shape_for(model_cfg.size).vision.num_patches, model_cfg.action_horizon))

@@ -1,0 +1,259 @@
+"""The FSDP2 training loop for policies that follow the model interface (pi0.5 first), run by every rank.
+
+    result = train(data=cfg.data, model_cfg=cfg.model, precision=cfg.precision, parallelism=cfg.parallelism,
+                   train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=run_dir,
+                   dist_env=dist_env, device=torch.device("cuda", dist_env.local_rank), config_yaml=text)
+
+The process group must exist (launch/distributed creates it); the loop only uses it.
+
+Order, and why:
+1. model on meta -> parallelize (AC, compile, FSDP2) -> materialize seeded with train.seed only: every rank
+   initialises the same full weights, so the run does not depend on the world size;
+2. AdamW (decay groups in optim.py); then every rank reseeds its RNG streams with seed + rank: flow-matching
+   noise and times (and any augmentation) differ between ranks, as data-parallel training needs;
+3. Checkpointer.load_latest restores model, optimizer, RNG streams and sampler state (it overrides step 2's
+   seeding, which is what makes a resumed step draw the same noise as the uninterrupted run);
+4. the LR schedule is rebuilt from the step (schedule.py: no scheduler state to save);
+5. each optimizer step runs resolved.grad_accum_steps micro-batches; FSDP2 reduce-scatters gradients only on the
+   last (set_requires_gradient_sync), the earlier ones accumulate locally; the loss is divided by the number of
+   micro-batches so the accumulated gradient is the mean over the global batch;
+6. clip (train.grad_clip; 0 only measures the norm), optimizer and scheduler step, sampler accounting, metrics,
+   periodic async save; at the end a blocking save, the export, Checkpointer.close and a barrier.
+
+Collectives: every rank runs the same ones in the same order. Metrics are reduced on all ranks at log steps (the
+condition depends only on the step), and only the writing of the reduced values happens on rank 0.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from embodyhpc.checkpoint import Checkpointer
+from embodyhpc.config.resolve import Resolved
+from embodyhpc.config.schema import (
+    CheckpointConfig,
+    DataConfig,
+    ModelConfig,
+    ParallelismConfig,
+    PrecisionConfig,
+    TrainConfig,
+)
+from embodyhpc.data import open_dataset
+from embodyhpc.data.loader import build_dataloader
+from embodyhpc.errors import ConfigError
+from embodyhpc.models import build_model, build_tokenizer
+from embodyhpc.parallel import build_mesh, materialize, parallelize
+from embodyhpc.train.adapter import ACTION_KEY, Pi05Collate, batch_tokens
+from embodyhpc.train.metrics import ConsoleMetricsSink, JsonlMetricsSink, MetricsSink
+from embodyhpc.train.optim import build_optimizer
+from embodyhpc.train.schedule import warmup_cosine
+from embodyhpc.train.stream import BatchStream
+
+METRICS_FILE = "logs/metrics.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+EXPORT_DIR = "export"
+
+
+class RankInfo(Protocol):
+    """What the loop needs of launch/distributed's DistEnv (tests pass a plain object)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    start_step: int
+    """The step the run resumed from (0 on a fresh run)."""
+    final_step: int
+    last_metrics: dict[str, float]
+    """The metrics of the last logged step (identical on every rank: they are reduced)."""
+    export_path: Path | None
+    """The exported weights (rank 0 only; None elsewhere or with checkpoint.export_final off)."""
+
+
+def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfig, parallelism: ParallelismConfig,
+          train_cfg: TrainConfig, checkpoint: CheckpointConfig, resolved: Resolved, run_dir: str | Path,
+          dist_env: RankInfo, device: torch.device | str, config_yaml: str = "",
+          sinks: Sequence[MetricsSink] | None = None) -> TrainResult:
+    """Train to train_cfg.steps, resuming from the newest complete checkpoint under run_dir/checkpoints.
+
+    `sinks` receive rank 0's metrics (default: run_dir/logs/metrics.jsonl and the console); other ranks ignore it.
+    `config_yaml` is the resolved recipe written next to the exported weights.
+    """
+    run_dir = Path(run_dir)
+    device = _rank_device(torch.device(device), dist_env.local_rank)
+    _check_world(resolved, dist_env)
+    rank, is_rank0 = dist_env.rank, dist_env.rank == 0
+    accum = resolved.grad_accum_steps
+
+    mesh = build_mesh(resolved.dp_replicate, resolved.dp_shard, device.type, procs_per_node=resolved.procs_per_node)
+    with torch.device("meta"):
+        model = build_model(model_cfg, precision)
+    parallelize(model, parallelism, precision, mesh)
+    torch.manual_seed(train_cfg.seed)  # the same full initial weights on every rank, whatever the world size
+    materialize(model, device)
+    model.train()
+    optimizer = build_optimizer(model, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+    _seed_rank_streams(train_cfg.seed + rank)
+
+    loader, sampler = build_dataloader(
+        _open(data, model_cfg), data, micro_batch_size=train_cfg.micro_batch_size, rank=rank,
+        world_size=dist_env.world_size, seed=train_cfg.seed, device_type=device.type,
+        collate_fn=Pi05Collate(model_cfg, build_tokenizer(model_cfg)))
+    stream = BatchStream(loader, sampler)
+
+    ckpt = Checkpointer(run_dir / CHECKPOINT_DIR, checkpoint, seed=train_cfg.seed)
+    loaded = ckpt.load_latest(model, optimizer)
+    start_step = 0
+    if loaded is not None:
+        start_step = loaded.step
+        if loaded.trainer.sampler is not None:
+            sampler.load_state_dict(loaded.trainer.sampler)
+    scheduler = _scheduler(optimizer, train_cfg, start_step)
+
+    if not is_rank0:
+        sinks = []
+    elif sinks is None:
+        sinks = [JsonlMetricsSink(run_dir / METRICS_FILE, resume_step=start_step), ConsoleMetricsSink()]
+    last_metrics: dict[str, float] = {}
+    step = start_step
+    try:
+        for step in range(start_step + 1, train_cfg.steps + 1):
+            started = time.perf_counter()
+            lr = float(optimizer.param_groups[0]["lr"])  # the rate this step's update uses
+            loss_sum = torch.zeros((), device=device)
+            num_tokens, wait_s = 0, 0.0
+            for micro in range(accum):
+                _set_gradient_sync(model, micro == accum - 1)
+                waited = time.perf_counter()
+                batch = stream.next_batch()
+                wait_s += time.perf_counter() - waited
+                batch = batch.to(device)
+                loss = model(batch).loss
+                (loss / accum).backward()
+                loss_sum += loss.detach()
+                num_tokens += batch_tokens(batch, model_cfg)
+            grad_norm = _clip_grad_norm(model.parameters(), train_cfg.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            stream.commit()
+            step_time_s = time.perf_counter() - started
+
+            if step % train_cfg.log_every == 0 or step == train_cfg.steps:
+                last_metrics = _reduced_metrics(loss_sum / accum, grad_norm, lr, step_time_s, wait_s, num_tokens,
+                                                train_cfg.micro_batch_size * accum, dist_env.world_size, device)
+                for sink in sinks:
+                    sink.write(step, last_metrics)
+            if ckpt.due(step) and step != train_cfg.steps:
+                ckpt.save(step, model, optimizer, sampler_state=sampler.state_dict(), extra={"lr": lr})
+        final_step = max(step, start_step)
+        ckpt.save(final_step, model, optimizer, sampler_state=sampler.state_dict(), blocking=True)
+        export_path = None
+        if checkpoint.export_final:
+            export_path = ckpt.export(run_dir / EXPORT_DIR, config_yaml=config_yaml, step=final_step)
+    finally:
+        for sink in sinks:
+            sink.close()
+        ckpt.close()  # a job must not exit under an async save in flight
+    dist.barrier()  # FACTS: gloo ranks may abort at teardown without one
+    return TrainResult(start_step, final_step, last_metrics, export_path)
+
+
+# ---- set-up helpers ----
+def _rank_device(device: torch.device, local_rank: int) -> torch.device:
+    """A bare "cuda" becomes this rank's GPU (one per local rank), made current for NCCL and the RNG."""
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    return device
+
+
+def _check_world(resolved: Resolved, dist_env: RankInfo) -> None:
+    if not dist.is_initialized():
+        raise RuntimeError("train() needs an initialised process group (launch/distributed creates it)")
+    live = dist.get_world_size()
+    if live != resolved.world_size or live != dist_env.world_size:
+        raise ConfigError(f"the job runs {live} processes (dist env says {dist_env.world_size}), the recipe resolved "
+                          f"world_size={resolved.world_size}", key="resources.nodes",
+                          related=("resources.tasks_per_node", "resources.gpus_per_node"),
+                          fix="launch as many processes as the recipe resolves to")
+
+
+def _open(data: DataConfig, model_cfg: ModelConfig):
+    if data.format == "synthetic" or not data.root:
+        raise ConfigError("the pi0.5 trainer reads a dataset on disk", key="data.format",
+                          fix="set data.format=lerobot (or hdf5) and data.root=/path/to/dataset")
+    if ACTION_KEY not in data.delta_timestamps:
+        raise ConfigError(f"no action chunk requested: the model predicts {model_cfg.action_horizon} steps",
+                          key="data.delta_timestamps", related=("model.action_horizon",),
+                          fix=f"set data.delta_timestamps.action to [i / fps for i in "
+                              f"range({model_cfg.action_horizon})]")
+    return open_dataset(data.root, {key: list(value) for key, value in data.delta_timestamps.items()})
+
+
+def _seed_rank_streams(seed: int) -> None:
+    """Every stream the loop draws from after initialisation (the ones checkpoint/rng.py saves and restores)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def _scheduler(optimizer: torch.optim.Optimizer, train_cfg: TrainConfig,
+               start_step: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR positioned at `start_step` (see schedule.py: the schedule is a function of the step alone)."""
+    for group in optimizer.param_groups:
+        group["initial_lr"] = train_cfg.lr
+    fn = warmup_cosine(train_cfg.warmup_steps, train_cfg.steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, [fn] * len(optimizer.param_groups),
+                                             last_epoch=start_step - 1)
+
+
+# ---- step helpers ----
+def _set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """FSDP2: skip the reduce-scatter on all but the last micro-batch (gradients accumulate unsharded until then).
+    The one place that looks at the wrapper type."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
+
+
+def _clip_grad_norm(parameters, max_norm: float) -> float:
+    """The global gradient norm before clipping; clips to max_norm unless it is 0.
+
+    With DTensor gradients clip_grad_norm_ computes the norm over all shards (a collective: every rank calls it)
+    and returns a DTensor; full_tensor() makes it a plain number. max_norm=inf measures without scaling.
+    """
+    norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm if max_norm > 0 else float("inf"))
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def _reduced_metrics(loss: torch.Tensor, grad_norm: float, lr: float, step_time_s: float, wait_s: float,
+                     num_tokens: int, samples_per_device: int, world_size: int,
+                     device: torch.device) -> dict[str, float]:
+    """Mean loss, step time and data wait over ranks, total tokens: one all_reduce on every rank."""
+    values = torch.tensor([float(loss), step_time_s, wait_s, float(num_tokens)], dtype=torch.float64)
+    values = values.to(device)
+    dist.all_reduce(values)
+    loss_mean, step_time_mean, wait_mean, tokens_total = (values / torch.tensor(
+        [world_size, world_size, world_size, 1], dtype=torch.float64, device=device)).tolist()
+    return {"loss": loss_mean, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time_mean,
+            "samples_per_s_per_device": samples_per_device / step_time_mean,
+            "tokens_per_s": tokens_total / step_time_mean,
+            "data_wait_fraction": wait_mean / step_time_mean if step_time_mean > 0 else 0.0}

@@ -1,0 +1,70 @@
+"""LeRobot fixture items -> Pi05Sample / Pi05Batch, and the model accepts the batch."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from embodyhpc.config.schema import ModelConfig
+from embodyhpc.data import open_dataset
+from embodyhpc.errors import ConfigError
+from embodyhpc.models import build_model, build_tokenizer
+from embodyhpc.train.adapter import Pi05Collate, batch_tokens, to_pi05_sample
+from tests.train.workers import FIXTURE
+
+HORIZON = 4
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return open_dataset(FIXTURE, {"action": [i / 10 for i in range(HORIZON)]})
+
+
+def _cfg(action_dim: int = 8, horizon: int = HORIZON) -> ModelConfig:
+    return ModelConfig(size="tiny", action_horizon=horizon, action_dim=action_dim, max_token_len=128)
+
+
+def test_sample_shapes_and_padded_action_dims(dataset):
+    item = dataset[0]
+    sample = to_pi05_sample(item, _cfg(action_dim=8))
+    assert sample.images.shape == (2, 3, 48, 48) and sample.images.dtype == torch.float32
+    assert torch.equal(sample.images[0], item["observation.images.top"])  # sorted keys: top before wrist
+    assert sample.state.shape == (6,) and sample.instruction == item["task"]
+    assert sample.actions.shape == (HORIZON, 8) and sample.num_action_dims == 4
+    assert torch.equal(sample.actions[:, :4], item["action"]) and not sample.actions[:, 4:].any()
+    assert sample.action_is_pad.shape == (HORIZON,) and sample.action_is_pad.dtype == torch.bool
+
+
+def test_more_dims_than_the_model_are_trimmed(dataset):
+    sample = to_pi05_sample(dataset[0], _cfg(action_dim=3))
+    assert sample.actions.shape == (HORIZON, 3) and sample.num_action_dims == 3
+
+
+def test_wrong_chunk_length_names_the_key(dataset):
+    with pytest.raises(ConfigError, match="delta_timestamps"):
+        to_pi05_sample(dataset[0], _cfg(horizon=HORIZON + 1))
+
+
+def test_collate_builds_a_batch_the_model_trains_on(dataset):
+    torch.manual_seed(0)
+    cfg = _cfg()
+    collate_fn = Pi05Collate(cfg, build_tokenizer(cfg))
+    batch = collate_fn([dataset[i] for i in (0, 1, 50)])
+    assert batch.images.shape == (3, 2, 3, 32, 32) and batch.actions.shape == (3, HORIZON, 8)  # the tower's size
+    assert batch.action_dim_mask[:, :4].all() and not batch.action_dim_mask[:, 4:].any()
+    assert batch.action_is_pad.shape == (3, HORIZON) and batch.rows is None  # no packing yet
+    assert batch.prompt_ids.shape[0] == 3 and (batch.prompt_lengths > 0).all()
+    # 2 cameras x 16 patches (32 px tower, 8 px patches) + prompt + 4 action tokens per sample
+    assert batch_tokens(batch, cfg) == int(batch.prompt_lengths.sum()) + 3 * (32 + HORIZON)
+    model = build_model(cfg)
+    loss = model(batch).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    # resizing in the collate is what the tower would have done itself
+    unresized = replace(batch, images=torch.stack([to_pi05_sample(dataset[i], cfg).images for i in (0, 1, 50)]))
+    with torch.no_grad():
+        noise, time = torch.randn(3, HORIZON, 8), torch.rand(3)
+        assert torch.allclose(model(batch, noise=noise, time=time).loss,
+                              model(unresized, noise=noise, time=time).loss, atol=1e-6)
