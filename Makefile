@@ -40,8 +40,11 @@ test: setup slurm-up
 test-fast: setup
 	$(PY) -m pytest -q -m "not slurm and not slow"
 
-bench: setup
+bench: setup  ## ratios against baselines measured in the same run (bench/README.md)
 	$(PY) bench/cli_latency.py
+	$(PY) bench/data_loader.py
+	$(PY) bench/packing_throughput.py
+	$(PY) bench/staging.py
 
 lint: setup
 	$(VENV)/bin/ruff check .
