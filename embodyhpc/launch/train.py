@@ -1,9 +1,10 @@
 """The training job's entry point (every rank runs `train_task`).
 
-Until the FSDP2 trainer lands, the loop trains a real data-parallel least-squares model: each
-rank draws its own batches, gradients are averaged with all_reduce over gloo, and progress is
-checkpointed so a requeued job resumes where it stopped. That exercises what the spine needs
-for real: rank discovery across nodes, rendezvous, collectives, the run directory, requeue.
+With a dataset (`data.format` lerobot or hdf5) the job stages it to node-local storage when asked, then
+trains the recipe's policy with the FSDP2 loop of embodyhpc.train (DCP checkpoints, resume, export).
+With `data.format: synthetic` it runs a small real stand-in instead: a data-parallel least-squares model
+whose gradients are averaged with all_reduce over gloo and whose progress is checkpointed, so the launch
+path (rank discovery across nodes, rendezvous, collectives, requeue and resume) is exercised in seconds.
 """
 
 from __future__ import annotations
@@ -43,22 +44,40 @@ def prepare_data(data: DataConfig, staging: StagingConfig, local_rank: int) -> s
 
 
 def train_task(run_dir: str) -> dict:
+    """Every rank: stage data, join the process group, train, and (rank 0) write the result file.
+
+    A recipe with a dataset trains its policy with the FSDP2 loop (embodyhpc.train); `data.format: synthetic`
+    runs the small data-parallel stand-in below, which exercises the same launch path in seconds.
+    """
     config = load_resolved(run_dir)
     dist_env = distributed.from_job_environment()
     data_root = prepare_data(config.data, config.staging, dist_env.local_rank)
-    dataset_len = None
-    if data_root is not None:  # every rank reads from the copy it will train on
-        from embodyhpc.data import open_dataset
-
-        dataset = open_dataset(data_root, dict(config.data.delta_timestamps) or None)
-        dataset_len = len(dataset)
-        dataset[dist_env.rank % dataset_len]
     with distributed.process_group(dist_env, backend="gloo"):
-        result = _spine_loop(dist_env, config.train, config.checkpoint, Path(run_dir))
-    result.update(data_root=data_root, dataset_len=dataset_len)
+        hostnames = _gather_hostnames(dist_env.world_size)
+        if data_root is None:
+            result = _spine_loop(dist_env, config.train, config.checkpoint, Path(run_dir))
+        else:
+            result = _train_policy(config, Path(run_dir), data_root, dist_env)
+    result.update(data_root=data_root, hostnames=hostnames, world_size=dist_env.world_size,
+                  restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")), job_id=dist_env.job_id)
     if dist_env.rank == 0:
         write_json_atomic(Path(run_dir) / RESULT_FILE, result)
     return result
+
+
+def _train_policy(config, run_dir: Path, data_root: str, dist_env: distributed.DistEnv) -> dict:
+    import dataclasses
+
+    from embodyhpc.config.resolve import resolve
+    from embodyhpc.rundir import RESOLVED_YAML
+    from embodyhpc.train.loop import train
+
+    out = train(data=dataclasses.replace(config.data, root=data_root), model_cfg=config.model,
+                precision=config.precision, parallelism=config.parallelism, train_cfg=config.train,
+                checkpoint=config.checkpoint, resolved=resolve(config), run_dir=run_dir, dist_env=dist_env,
+                device="cpu", config_yaml=(run_dir / RESOLVED_YAML).read_text())
+    return {"mode": "policy", "resumed_from_step": out.start_step, "steps": out.final_step,
+            "last_metrics": out.last_metrics, "export_path": str(out.export_path) if out.export_path else None}
 
 
 def _gather_hostnames(world: int) -> list[str]:
@@ -83,7 +102,6 @@ def _spine_loop(dist_env: distributed.DistEnv, train: TrainConfig, ckpt: Checkpo
     # every rank proves it can reach every other: sum of (rank + 1) and all host names
     probe = torch.tensor([float(rank + 1)])
     dist.all_reduce(probe)
-    hostnames = _gather_hostnames(world)
 
     true_w = torch.randn(_DIM, generator=torch.Generator().manual_seed(train.seed))
     weights = torch.zeros(_DIM)
@@ -118,12 +136,9 @@ def _spine_loop(dist_env: distributed.DistEnv, train: TrainConfig, ckpt: Checkpo
         if rank == 0 and (step + 1) % train.log_every == 0:
             print(f"step {step + 1}/{train.steps} loss {loss.item():.6f}", flush=True)
     return {
-        "world_size": world,
+        "mode": "spine",
         "allreduce_sum": probe.item(),
         "allreduce_expected": world * (world + 1) / 2,
-        "hostnames": hostnames,
-        "job_id": dist_env.job_id,
-        "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
         "resumed_from_step": start_step,
         "steps": train.steps,
         "final_loss": float(loss.item()),

@@ -69,16 +69,23 @@ def test_submitted_text_is_rendered_text(cli, slurm_cluster, runs_root):
     _report(run_dir)
 
 
-def test_training_reads_a_dataset_staged_to_each_node(cli, slurm_cluster, runs_root, tmp_path):
+def test_policy_trains_on_a_dataset_staged_to_each_node(cli, slurm_cluster, runs_root, tmp_path):
     from pathlib import Path
 
     fixture = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "lerobot_v30_sample"
     nvme = tmp_path / "nvme"
-    run_dir = _submit(cli, runs_root, "train.steps=5", "data.format=lerobot", f"data.root={fixture}",
-                      "staging.enabled=true", f"staging.nvme_dir={nvme}", "data.delta_timestamps={action: [0.0, 0.1]}")
-    assert _report(run_dir)["outcome"] == "complete"
+    chunk = ", ".join(str(i / 10) for i in range(10))  # model.action_horizon 10 at the sample's 10 fps
+    run_dir = _submit(cli, runs_root, "train.steps=3", "data.format=lerobot", f"data.root={fixture}",
+                      "staging.enabled=true", f"staging.nvme_dir={nvme}", "train.log_every=1", "train.warmup_steps=1",
+                      f"data.delta_timestamps={{action: [{chunk}]}}")
+    assert _report(run_dir, timeout_s=300)["outcome"] == "complete"
     result = json.loads((run_dir / "logs" / "train_result.json").read_text())
-    assert result["dataset_len"] == 120
+    # pi0.5 (tiny) trained with FSDP2 across both nodes on the staged copy, checkpointed and exported
+    assert result["mode"] == "policy" and result["steps"] == 3 and sorted(result["hostnames"]) == ["n1", "n2"]
+    metrics = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3] and all(m["loss"] > 0 for m in metrics)
+    assert (run_dir / "checkpoints" / "step-3" / ".complete").is_file()
+    assert Path(result["export_path"]).exists()
     staged = Path(result["data_root"])
     assert staged.parent == nvme and (staged / ".embodyhpc-stage.json").is_file()
     assert sorted(p.name for p in (staged / "meta").iterdir()) == sorted(p.name for p in (fixture / "meta").iterdir())
