@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from embodyhpc.config.load import load_resolved
-from embodyhpc.config.schema import CheckpointConfig, DataConfig, StagingConfig, TrainConfig
+from embodyhpc.config.schema import CheckpointConfig, Config, DataConfig, StagingConfig, TrainConfig
 from embodyhpc.launch import distributed
 from embodyhpc.rundir import write_json_atomic
 
@@ -65,7 +65,7 @@ def train_task(run_dir: str) -> dict:
     return result
 
 
-def _train_policy(config, run_dir: Path, data_root: str, dist_env: distributed.DistEnv) -> dict:
+def _train_policy(config: Config, run_dir: Path, data_root: str, dist_env: distributed.DistEnv) -> dict:
     import dataclasses
 
     from embodyhpc.config.resolve import resolve
