@@ -7,13 +7,12 @@ then the report. States go to run.json, so `embodyhpc status` reads the same for
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from embodyhpc.config.load import LoadedRecipe
+from embodyhpc.environ import patched_environ
 from embodyhpc.launch.eval import eval_shard_task
 from embodyhpc.launch.report import report_task
 from embodyhpc.launch.train import train_task
@@ -22,20 +21,6 @@ from embodyhpc.slurm.render import job_shape, submitit_folder
 
 # a local training run gets the time limit of its recipe, plus slack for process start-up
 _LOCAL_SLACK_MIN = 2
-
-
-@contextlib.contextmanager
-def _environ(extra: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _outcome(job) -> tuple[str, str | None, int | None]:
@@ -82,7 +67,7 @@ def run_local_chain(loaded: LoadedRecipe, run_dir: Path, info: RunInfo,
 
     env = {"EMBODYHPC_RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1", **dict(cfg.site.env),
            **cfg.network.environment()}
-    with _environ(env):
+    with patched_environ(env):
         world = loaded.resolved.world_size
         progress(f"train: {world} local processes")
         job = executor("train", world).submit(train_task, str(run_dir))

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from embodyhpc.environ import patched_environ
+
 _CHILD_ENV = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "TORCHINDUCTOR_COMPILE_THREADS": "1",
               "TORCHINDUCTOR_CACHE_DIR": str(Path(__file__).resolve().parents[2] / ".cache" / "inductor")}
 # imported once by the fork server when installed (an ImportError there is ignored): torchao takes seconds
@@ -31,21 +33,13 @@ _OPTIONAL_PRELOAD = ("torchao.float8",)
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 90.0) -> list[Any]:
     """[fn(rank, world_size, *args) for each rank], each run in its own process inside one gloo group."""
     with tempfile.TemporaryDirectory(prefix="embodyhpc-ranks-") as folder:
-        saved = {key: os.environ.get(key) for key in _CHILD_ENV}
-        os.environ.update(_CHILD_ENV)  # spawned children inherit the environment at start
-        try:
+        with patched_environ(_CHILD_ENV):  # children inherit the environment at start
             # forkserver: the server imports torch and the worker modules once per test session, then forks a clean
             # child per rank (no threads, no process group in the server), which saves the ~4 s import of every
             # spawned rank on this 2-core machine
             mp.get_context("forkserver").set_forkserver_preload([fn.__module__, *_OPTIONAL_PRELOAD])
             context = mp.start_processes(_rank_main, args=(fn, world_size, folder, args, _CHILD_ENV), nprocs=world_size,
                                          join=False, start_method="forkserver")
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
         deadline = time.monotonic() + timeout_s
         while not context.join(timeout=1.0):  # raises ProcessRaisedException with the rank's traceback
             if time.monotonic() > deadline:
