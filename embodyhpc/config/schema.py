@@ -49,6 +49,9 @@ class ResourcesConfig:
     """Slurm sends USR2 this many seconds before the time limit (sbatch --signal)."""
     max_requeues: int = 3
     """How often a timed-out or preempted training job is requeued before giving up."""
+    preflight: bool = True
+    """Check each node (GPU count and ECC, RDMA ports, NVMe space, checkpoint folder) before training starts;
+    a bad node fails the job at once, naming the node to --exclude. Results: logs/preflight-<node>.json."""
 
     def __post_init__(self) -> None:
         checks.positive("resources.nodes", self.nodes)
