@@ -83,3 +83,59 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (marked gpu); none on this machine")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on 127.0.0.1 for the session; yields its http URI.
+
+    Backend: a sqlite file in a temp folder, initialised by embodyhpc's init_store first; artifacts are proxied by
+    the server into that folder (`--artifacts-destination`). One worker, no job execution (FACTS: /health ~9 s).
+    """
+    import socket
+    import time
+    import urllib.request
+
+    from embodyhpc.tracking.mlflow_run import init_store
+
+    root = tmp_path_factory.mktemp("mlflow-server")
+    backend = f"sqlite:///{root / 'mlflow.db'}"
+    init_store(backend)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    uri = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    log_path = root / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
+             "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+             "--workers", "1"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True)
+
+    def stop() -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)  # the server and its worker: a group of our own (start_new_session)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop()
+            pytest.fail(f"mlflow server did not come up on {uri}: {log_path.read_text()[-3000:]}")
+        time.sleep(0.3)
+    try:
+        yield uri
+    finally:
+        stop()

@@ -1,0 +1,480 @@
+"""MLflow for embodyhpc: the store, the training run, the report's child run, and reading them back.
+
+One MLflow run per `embodyhpc submit`, created by the CLI before any job starts; its id goes into run.json
+(`RunInfo.mlflow_run_id`) and every job of the chain continues that run. Statuses, as the MLflow UI shows them:
+
+    submit (CLI)        init_store(uri); create_run(...)                    -> SCHEDULED (queued, not started)
+    train, rank 0       MlflowMetricsSink: first contact with the store     -> RUNNING
+                        sink.close() at the end of training                 -> FINISHED, or FAILED / KILLED when an
+                                                                               exception is propagating (see close)
+    requeue/resume      the new job's sink marks it RUNNING again; metrics of the steps after the checkpoint are
+                        logged a second time (MLflow keeps every value: the history shows both, "latest" is the
+                        newest) -- logs/metrics.jsonl is the curve without duplicates
+    report job          log_child_run(...): a nested run with the evaluation metrics at the checkpoint step, plots,
+                        videos and the summary; set_terminated(..., "FAILED", only_if_active=True) closes a training
+                        run whose job died without closing it (OOM, SIGKILL, node failure)
+
+MLflow run start_time is the submit time, so the UI's duration includes the queue wait.
+
+Stores: the default is a sqlite file under the runs root (`tracking_uri`), with artifacts next to it
+(`artifact_root`) set explicitly on the experiment (MLflow's defaults land in the working directory). A fresh
+sqlite file must be created by one process only (two at once crash in MLflow's schema migration): `init_store` runs
+at submit time and is serialized by a file lock. http(s) URIs name a tracking server run by the site; there the
+server owns schema and artifact storage.
+
+mlflow is imported inside functions only: `embodyhpc --help` and `render` never load it. HTTP calls made from here
+retry at most 2 times (MLflow's default of 7 with exponential backoff waits ~4 minutes for a dead server); the
+training sink is stricter still (see `embodyhpc.tracking.mlflow_sink`). MLFLOW_HTTP_REQUEST_* variables set in the
+environment take precedence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import math
+import os
+import re
+import shlex
+import sys
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from embodyhpc.errors import RunFailure
+
+if TYPE_CHECKING:
+    from embodyhpc.config.schema import TrackingConfig
+
+DB_FILE = "mlflow.db"
+ARTIFACT_DIR = "mlartifacts"
+PARENT_TAG = "mlflow.parentRunId"
+NONFINITE_METRIC = "nonfinite_metrics"
+"""Metric counting the values skipped at a step because they were NaN/inf or not numbers."""
+TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
+ACTIVE_STATUSES = ("SCHEDULED", "RUNNING")
+
+# MLflow's limits (mlflow.utils.validation): keys, param and tag values, entities per log_batch call.
+MAX_KEY_LENGTH = 250
+MAX_PARAM_VALUE_LENGTH = 6000
+MAX_TAG_VALUE_LENGTH = 8000
+MAX_PARAMS_PER_BATCH = 100
+MAX_METRICS_PER_BATCH = 1000
+
+CLI_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+"""Bounds for calls a user waits on (submit, status, the report job); variables already set win."""
+
+_KEY_BAD_CHARS = re.compile(r"[^/\w.\- :]")
+_initialized: set[str] = set()
+_env_lock = threading.RLock()
+
+
+class TrackingError(RunFailure):
+    """The MLflow store could not be reached or refused a request (runtime failure, exit code 1)."""
+
+
+# ---- where things go ----
+def tracking_uri(tracking: TrackingConfig, runs_root: str | os.PathLike[str]) -> str:
+    """`tracking.mlflow_uri` when set, else a sqlite file `<runs_root>/mlflow.db` (absolute)."""
+    if tracking.mlflow_uri:
+        return tracking.mlflow_uri
+    return "sqlite:///" + str(Path(runs_root).expanduser().resolve() / DB_FILE)
+
+
+def artifact_root(runs_root: str | os.PathLike[str]) -> str:
+    """Absolute `<runs_root>/mlartifacts`: the artifact location of experiments in the default sqlite store."""
+    return str(Path(runs_root).expanduser().resolve() / ARTIFACT_DIR)
+
+
+def is_http(uri: str) -> bool:
+    return urlparse(uri).scheme in ("http", "https")
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:///path` URI (None for other stores and in-memory databases)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    if not path or path == ":memory:":
+        return None
+    return Path(path).expanduser().resolve()
+
+
+def init_lock_path(uri: str) -> Path | None:
+    """The file lock `init_store` holds while it creates or upgrades a sqlite database (None: not sqlite)."""
+    db = sqlite_path(uri)
+    return None if db is None else db.with_name(db.name + ".lock")
+
+
+def _default_artifact_location(uri: str) -> str | None:
+    db = sqlite_path(uri)
+    return None if db is None else str(db.parent / ARTIFACT_DIR)
+
+
+# ---- the store ----
+def init_store(uri: str) -> None:
+    """Create or upgrade a sqlite store's schema; safe when several processes call it at once. Other URIs: no-op.
+
+    Run it at submit time, before jobs fan out. Repeated calls in one process are free; across processes a call
+    on an up-to-date database costs ~0.1 s.
+    """
+    db = sqlite_path(uri)
+    if db is None or uri in _initialized:
+        return
+    try:
+        # Imports first (seconds): the locked section then holds only the database work.
+        from mlflow.db import upgrade  # the `mlflow db upgrade URI` command: creates a fresh database too
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with _file_lock(init_lock_path(uri)), _quiet_loggers("mlflow.store.db.utils", "alembic"):
+            upgrade.main([uri], standalone_mode=False)
+            # Opening the store once creates the Default experiment with its artifacts beside the database
+            # (instead of the working directory of whoever opens it first).
+            SqlAlchemyStore(uri, _default_artifact_location(uri))
+    except Exception as exc:
+        raise TrackingError(f"could not initialise the MLflow store {uri}: {_one_line(exc)}") from exc
+    _initialized.add(uri)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as exc:  # some parallel filesystems are mounted without flock support
+            print(f"embodyhpc: cannot lock {path} ({exc}); initialising the MLflow store without a lock",
+                  file=sys.stderr)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _quiet_loggers(*names: str) -> Iterator[None]:
+    import logging
+
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def bounded_http(defaults: Mapping[str, str]) -> Iterator[None]:
+    """MLflow reads MLFLOW_HTTP_REQUEST_* at each request: set `defaults` (those not already set) for the block."""
+    with _env_lock:
+        added = [key for key in defaults if key not in os.environ]
+        for key in added:
+            os.environ[key] = defaults[key]
+        try:
+            yield
+        finally:
+            for key in added:
+                os.environ.pop(key, None)
+
+
+def client(uri: str):
+    """An `mlflow.MlflowClient` for `uri`. A sqlite file that does not exist is an error (never created here)."""
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        raise TrackingError(f"no MLflow store at {db} (it is created by `embodyhpc submit`)")
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+# ---- names and values MLflow accepts ----
+def metric_key(key: str) -> str:
+    """A key MLflow accepts: characters outside [A-Za-z0-9_-. :/] become '_', no empty or relative path parts."""
+    cleaned = _KEY_BAD_CHARS.sub("_", str(key))
+    parts = [part for part in cleaned.split("/") if part not in ("", ".", "..")]
+    return ("/".join(parts) or "_")[:MAX_KEY_LENGTH]
+
+
+def truncate(value: str, limit: int) -> str:
+    """`value` cut to `limit` characters, ending with a marker that says how much was cut."""
+    if len(value) <= limit:
+        return value
+    def marker(cut: int) -> str:
+        return f"...[truncated {len(value) - cut} chars]"
+
+    cut = limit - len(marker(0))  # the longest marker: the result fits
+    while cut + 1 + len(marker(cut + 1)) <= limit:  # fewer digits may leave room: fill to exactly `limit`
+        cut += 1
+    return value[:cut] + marker(cut)
+
+
+def flatten_params(params: Mapping[str, Any] | Any, *, prefix: str = "") -> dict[str, str]:
+    """Nested mappings (and dataclasses) to dotted keys; lists as compact JSON; values cut to MLflow's limit."""
+    if dataclasses.is_dataclass(params) and not isinstance(params, type):
+        params = dataclasses.asdict(params)
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = dataclasses.asdict(value)
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_params(value, prefix=name))
+            continue
+        if isinstance(value, list | tuple | Mapping):
+            text = json.dumps(value, default=str, separators=(",", ":"))
+        else:
+            text = str(value)
+        flat[metric_key(name)] = truncate(text, MAX_PARAM_VALUE_LENGTH)
+    return flat
+
+
+def finite_metrics(metrics: Mapping[str, Any]) -> tuple[dict[str, float], int]:
+    """(the finite numeric values under MLflow-safe keys, how many values were skipped)."""
+    kept: dict[str, float] = {}
+    skipped = 0
+    for key, value in metrics.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            skipped += 1
+            continue
+        if math.isfinite(number):
+            kept[metric_key(key)] = number
+        else:
+            skipped += 1
+    return kept, skipped
+
+
+def _tags(tags: Mapping[str, Any] | None) -> dict[str, str]:
+    return {metric_key(k): truncate(str(v), MAX_TAG_VALUE_LENGTH) for k, v in (tags or {}).items()}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _error_code(exc: BaseException) -> str | None:
+    return getattr(exc, "error_code", None)
+
+
+def _log_params(mlflow_client, run_id: str, params: Mapping[str, str]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, v) for k, v in params.items()]
+    for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
+        mlflow_client.log_batch(run_id, params=items[start:start + MAX_PARAMS_PER_BATCH], synchronous=True)
+
+
+# ---- runs ----
+def get_or_create_experiment(mlflow_client, name: str, artifact_location: str | None) -> str:
+    """The id of experiment `name`, created with `artifact_location` when missing (a concurrent creator is fine)."""
+    found = mlflow_client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return mlflow_client.create_experiment(name, artifact_location=artifact_location)
+    except Exception as exc:
+        if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return mlflow_client.get_experiment_by_name(name).experiment_id
+
+
+def create_run(uri: str, *, experiment: str, run_name: str, params: Mapping[str, Any] | None = None,
+               tags: Mapping[str, Any] | None = None, artifact_location: str | None = None,
+               status: str = "SCHEDULED") -> str:
+    """Create the training run (at submit time) and return its id.
+
+    The experiment is created when missing, with `artifact_location` (default for sqlite stores: `mlartifacts`
+    beside the database; for servers: the server's). `params` may be nested: keys are dotted
+    (`train.lr`), long values truncated with a marker. The run starts as `status` (SCHEDULED: the jobs are queued;
+    the training sink marks it RUNNING).
+    """
+    if status not in ACTIVE_STATUSES:
+        raise ValueError(f"create_run status must be one of {ACTIVE_STATUSES}, not {status!r}")
+    init_store(uri)
+    with bounded_http(CLI_HTTP_ENV):
+        try:
+            mlflow_client = client(uri)
+            experiment_id = get_or_create_experiment(
+                mlflow_client, experiment, artifact_location or _default_artifact_location(uri))
+            run = mlflow_client.create_run(experiment_id, run_name=run_name, tags=_tags(tags))
+            run_id = run.info.run_id
+            _log_params(mlflow_client, run_id, flatten_params(params or {}))
+            if status != "RUNNING":
+                mlflow_client.update_run(run_id, status=status)
+        except TrackingError:
+            raise
+        except Exception as exc:
+            raise TrackingError(f"could not create the MLflow run in {uri}: {_one_line(exc)}") from exc
+    return run_id
+
+
+def log_child_run(uri: str, parent_run_id: str, *, run_name: str, metrics: Mapping[str, float] | None = None,
+                  step: int = 0, params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
+                  artifacts: Sequence[tuple[str | os.PathLike[str], str | None]] = (),
+                  status: str = "FINISHED") -> str:
+    """A finished child run of `parent_run_id` in the parent's experiment; returns its id.
+
+    Meant for the report job (any process): `metrics` at `step` (the checkpoint step evaluated; NaN/inf values are
+    skipped and counted in `nonfinite_metrics`), `artifacts` as (local file or folder, artifact sub-folder or None)
+    pairs. Paths are checked before anything is created; if logging fails half-way the child run is marked FAILED.
+    """
+    missing = [str(local) for local, _ in artifacts if not Path(local).exists()]
+    if missing:
+        raise TrackingError(f"artifacts to log do not exist: {', '.join(missing)}")
+    with bounded_http(CLI_HTTP_ENV):
+        try:
+            mlflow_client = client(uri)
+            parent = mlflow_client.get_run(parent_run_id)
+        except TrackingError:
+            raise
+        except Exception as exc:
+            raise TrackingError(f"MLflow parent run {parent_run_id} not readable in {uri}: {_one_line(exc)}") from exc
+        try:
+            run = mlflow_client.create_run(parent.info.experiment_id, run_name=run_name,
+                                           tags={**_tags(tags), PARENT_TAG: parent_run_id})
+        except Exception as exc:
+            raise TrackingError(f"could not create the MLflow child run in {uri}: {_one_line(exc)}") from exc
+        run_id = run.info.run_id
+        try:
+            _log_params(mlflow_client, run_id, flatten_params(params or {}))
+            _log_step_metrics(mlflow_client, run_id, metrics or {}, step)
+            for local, subdir in artifacts:
+                _upload(mlflow_client, run_id, Path(local), subdir)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                mlflow_client.set_terminated(run_id, "FAILED")
+            raise TrackingError(f"logging the MLflow child run {run_id} failed: {_one_line(exc)}") from exc
+        try:
+            mlflow_client.set_terminated(run_id, status)
+        except Exception as exc:
+            raise TrackingError(f"could not end the MLflow child run {run_id}: {_one_line(exc)}") from exc
+    return run_id
+
+
+def _log_step_metrics(mlflow_client, run_id: str, metrics: Mapping[str, Any], step: int) -> None:
+    import time
+
+    from mlflow.entities import Metric
+
+    values, skipped = finite_metrics(metrics)
+    if skipped:
+        values[NONFINITE_METRIC] = float(skipped)
+    now = int(time.time() * 1000)
+    items = [Metric(key, value, now, step) for key, value in values.items()]
+    for start in range(0, len(items), MAX_METRICS_PER_BATCH):
+        mlflow_client.log_batch(run_id, metrics=items[start:start + MAX_METRICS_PER_BATCH], synchronous=True)
+
+
+def _upload(mlflow_client, run_id: str, local: Path, subdir: str | None) -> None:
+    if local.is_dir():
+        mlflow_client.log_artifacts(run_id, str(local), artifact_path=subdir or None)
+    else:
+        mlflow_client.log_artifact(run_id, str(local), artifact_path=subdir or None)
+
+
+def log_artifacts(uri: str, run_id: str,
+                  paths: Sequence[str | os.PathLike[str] | tuple[str | os.PathLike[str], str | None]]) -> None:
+    """Upload files or folders to an existing run; each item is a path or (path, artifact sub-folder)."""
+    pairs = [item if isinstance(item, tuple) else (item, None) for item in paths]
+    missing = [str(local) for local, _ in pairs if not Path(local).exists()]
+    if missing:
+        raise TrackingError(f"artifacts to log do not exist: {', '.join(missing)}")
+    with bounded_http(CLI_HTTP_ENV):
+        try:
+            mlflow_client = client(uri)
+            for local, subdir in pairs:
+                _upload(mlflow_client, run_id, Path(local), subdir)
+        except TrackingError:
+            raise
+        except Exception as exc:
+            raise TrackingError(f"uploading artifacts to MLflow run {run_id} failed: {_one_line(exc)}") from exc
+
+
+def set_terminated(uri: str, run_id: str, status: str = "FINISHED", *, only_if_active: bool = False) -> bool:
+    """End a run with FINISHED/FAILED/KILLED. `only_if_active`: leave a run that already ended alone.
+
+    Returns whether the status was changed.
+    """
+    if status not in TERMINAL_STATUSES:
+        raise ValueError(f"status must be one of {TERMINAL_STATUSES}, not {status!r}")
+    with bounded_http(CLI_HTTP_ENV):
+        try:
+            mlflow_client = client(uri)
+            if only_if_active and mlflow_client.get_run(run_id).info.status not in ACTIVE_STATUSES:
+                return False
+            mlflow_client.set_terminated(run_id, status)
+        except TrackingError:
+            raise
+        except Exception as exc:
+            raise TrackingError(f"could not end MLflow run {run_id}: {_one_line(exc)}") from exc
+    return True
+
+
+# ---- reading back ----
+def find_run(uri: str, run_id: str) -> dict[str, Any] | None:
+    """A run's summary, or None when the store has no such run (or, for sqlite, no database file).
+
+    Keys: run_id, name, status, experiment_id, experiment, start_time, end_time (ms since the epoch or None),
+    artifact_uri, parent_run_id, metrics (latest value per key), params, tags. Raises TrackingError when the store
+    cannot be reached.
+    """
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        return None
+    with bounded_http(CLI_HTTP_ENV):
+        try:
+            mlflow_client = client(uri)
+            run = mlflow_client.get_run(run_id)
+            experiment = mlflow_client.get_experiment(run.info.experiment_id)
+        except Exception as exc:
+            if _error_code(exc) in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                return None
+            raise TrackingError(f"could not read MLflow run {run_id} from {uri}: {_one_line(exc)}") from exc
+    return {
+        "run_id": run.info.run_id,
+        "name": run.info.run_name,
+        "status": run.info.status,
+        "experiment_id": run.info.experiment_id,
+        "experiment": experiment.name if experiment is not None else None,
+        "start_time": run.info.start_time,
+        "end_time": run.info.end_time,
+        "artifact_uri": run.info.artifact_uri,
+        "parent_run_id": run.data.tags.get(PARENT_TAG),
+        "metrics": dict(run.data.metrics),
+        "params": dict(run.data.params),
+        "tags": dict(run.data.tags),
+    }
+
+
+def latest_metrics(uri: str, run_id: str) -> dict[str, float]:
+    """The latest value of every metric of a run; TrackingError when the run does not exist."""
+    found = find_run(uri, run_id)
+    if found is None:
+        raise TrackingError(f"no MLflow run {run_id} in {uri}")
+    return found["metrics"]
+
+
+def ui_hint(uri: str) -> str:
+    """The one line a user runs (or opens) to see the dashboards of the store `uri`."""
+    if is_http(uri):
+        return uri
+    return f"mlflow ui --backend-store-uri {shlex.quote(uri)} --port 5000   # then open http://127.0.0.1:5000"
+
+
+def __getattr__(name: str) -> Any:
+    """`MlflowMetricsSink` lives in embodyhpc.tracking.mlflow_sink (which imports this module); reachable here too."""
+    if name == "MlflowMetricsSink":
+        from embodyhpc.tracking.mlflow_sink import MlflowMetricsSink
+
+        return MlflowMetricsSink
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,102 @@
+"""Over HTTP: a real `mlflow server` (tests/conftest.py `mlflow_server`), and a server that is not there."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import time
+
+import pytest
+
+from embodyhpc.tracking import mlflow_run as mr
+from embodyhpc.tracking.mlflow_sink import MlflowMetricsSink
+from tests.tracking.helpers import check_child_run, child_run_in_subprocess, report_files
+
+
+@pytest.mark.slow  # the server takes 9-30 s to answer /health on a shared machine
+def test_sink_child_run_and_artifacts_over_http(tmp_path, mlflow_server):
+    uri = mlflow_server
+    mr.init_store(uri)  # no-op for a server
+    run_id = mr.create_run(uri, experiment="http-e2e", run_name="train", params={"train": {"steps": 30}},
+                           tags={"embodyhpc.backend": "local"})
+    assert mr.find_run(uri, run_id)["status"] == "SCHEDULED"
+    sink = MlflowMetricsSink(uri, run_id, prefix="train/", flush_every=2)
+    for step in (10, 20, 30):
+        sink.write(step, {"loss": 3.0 / step, "lr": 1e-3})
+    sink.close()
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == \
+        [(10, 0.3), (20, 0.15), (30, 0.1)]
+    found = mr.find_run(uri, run_id)
+    assert found["status"] == "FINISHED"
+    assert found["params"] == {"train.steps": "30"}
+    assert found["experiment"] == "http-e2e"
+
+    plot, videos = report_files(tmp_path)
+    out = child_run_in_subprocess(uri, run_id, 30, plot, videos)
+    check_child_run(uri, run_id, out["run_id"], 30)
+    assert mr.ui_hint(uri) == uri
+
+
+def _import_mlflow_client() -> None:
+    """Timings below measure requests, not the first import of mlflow (seconds on a busy machine)."""
+    from mlflow import MlflowClient  # noqa: F401
+    from mlflow.entities import Metric  # noqa: F401
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # nothing listens there once the socket is closed
+
+
+def test_unreachable_server_never_raises_and_warns_once(monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    _import_mlflow_client()
+    err = io.StringIO()
+    started = time.monotonic()
+    sink = MlflowMetricsSink(f"http://127.0.0.1:{_closed_port()}", "0" * 32, flush_every=1, retry_interval_s=0,
+                             stream=err)
+    for step in range(1, 21):  # every write retries: the worst case
+        sink.write(step, {"loss": 1.0, "lr": 0.1})
+    sink.close()
+    elapsed = time.monotonic() - started
+    assert elapsed < 10, f"{elapsed:.1f} s"
+    assert sink.pending == 40 and sink.sent == 0
+    lines = err.getvalue().splitlines()
+    assert sum("unreachable" in line for line in lines) == 1, lines
+    assert any("40 metric values were not sent" in line for line in lines), lines
+
+
+def test_unreachable_server_bounded_by_the_sinks_own_defaults(monkeypatch):
+    """No MLFLOW_HTTP_REQUEST_* set: MLflow alone would retry 7 times with backoff (minutes); the sink does not."""
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    _import_mlflow_client()
+    err = io.StringIO()
+    started = time.monotonic()
+    sink = MlflowMetricsSink(f"http://127.0.0.1:{_closed_port()}", "0" * 32, flush_every=1, stream=err)
+    for step in range(1, 101):
+        sink.write(step, {"loss": 1.0})
+    sink.close("FAILED")
+    assert time.monotonic() - started < 20
+    assert sink.pending == 100
+    assert err.getvalue().count("unreachable") == 1
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the bounds were scoped to the sink's calls
+
+
+def test_cli_helpers_fail_fast_with_a_tracking_error(monkeypatch):
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    _import_mlflow_client()
+    started = time.monotonic()
+    with pytest.raises(mr.TrackingError, match="could not create"):
+        mr.create_run(uri, experiment="e", run_name="r", params={}, tags={})
+    with pytest.raises(mr.TrackingError):
+        mr.find_run(uri, "0" * 32)
+    assert time.monotonic() - started < 30
