@@ -130,6 +130,39 @@ def submit(
         typer.echo(f"  embodyhpc status {info.run_dir}")
 
 
+@app.command("eval")
+def eval_cmd(
+    ckpt: Annotated[Path, typer.Option("--ckpt", help="Export folder, checkpoints/step-N folder, or run directory.")],
+    overrides: Overrides = None,
+    suite: Annotated[str | None, typer.Option("--suite", help="Simulator suite (default: the recipe's).")] = None,
+    site: Site = None,
+    local: Annotated[bool, typer.Option("--local", help="Run on this machine, no Slurm.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Evaluate existing weights: the eval array + report of the training chain, attached to the run's MLflow."""
+    from embodyhpc import evaluate
+    from embodyhpc import submit as submitting
+
+    say = (lambda msg: typer.echo(msg, err=True)) if as_json else typer.echo
+    source = evaluate.resolve_source(ckpt)
+    extra = [f"eval.suite={suite}"] if suite else []
+    loaded = _load(str(source.config_path), [*extra, *(overrides or [])], site)  # bad input fails before exporting
+    weights = source.weights or evaluate.export_checkpoint(source, progress=say)
+    loaded = _load(str(source.config_path), [*extra, f"eval.weights={weights}", *(overrides or [])], site)
+    if source.mlflow_parent:
+        say(f"attaching to MLflow run {source.mlflow_parent} of {source.source_run}")
+    info = submitting.submit(loaded, _python(loaded), local=local, progress=say, eval_only=True,
+                             mlflow_parent=source.mlflow_parent)
+    if as_json:
+        import dataclasses
+        import json
+
+        typer.echo(json.dumps(dataclasses.asdict(info), indent=2))
+    else:
+        typer.echo(f"run: {info.run_dir}")
+        typer.echo(f"  embodyhpc status {info.run_dir}")
+
+
 @app.command()
 def status(run_dir: RunDir, as_json: AsJson = False) -> None:
     """State of each job of a run's chain (Slurm state, reason, array progress)."""
@@ -165,13 +198,16 @@ def stage(
     src: Annotated[Path, typer.Argument(help="Dataset folder on the parallel filesystem.")],
     dest: Annotated[Path, typer.Argument(help="Node-local folder (e.g. on NVMe).")],
     workers: Annotated[int, typer.Option(help="Parallel copy threads.")] = 8,
-    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Re-hash the copy afterwards.")] = True,
+    verify: Annotated[str, typer.Option(
+        "--verify", help="quick: hash while copying, re-hash on restage only files whose stat changed; "
+        "full: re-hash the whole staged copy from disk (catches bit rot); none: trust size and mtime.")] = "quick",
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Same as --verify none.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Copy a dataset to node-local storage: parallel, idempotent, resumable, verified."""
     from embodyhpc.data.staging import stage as stage_dataset
 
-    result = stage_dataset(src, dest, workers=workers, verify=verify, progress=not quiet)
+    result = stage_dataset(src, dest, workers=workers, verify="none" if no_verify else verify, progress=not quiet)
     typer.echo(result.summary())
 
 
@@ -183,6 +219,8 @@ def data_synth(
     episodes: Annotated[int, typer.Option(help="Expert episodes per task (failed ones are dropped).")] = 5,
     image_size: Annotated[int, typer.Option(help="Camera image side in pixels.")] = 64,
     seed: Annotated[int, typer.Option(help="Decides every goal; same seed, same dataset.")] = 0,
+    cameras: Annotated[str, typer.Option(help="Comma-separated MetaWorld cameras; empty: state only.")] = "corner",
+    workers: Annotated[int, typer.Option(help="Processes rolling out episodes (same dataset for any number).")] = 1,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing dataset.")] = False,
 ) -> None:
     """Record scripted-expert demonstrations (state, action, task text, camera video) as LeRobot v3.0."""
@@ -193,7 +231,8 @@ def data_synth(
     from embodyhpc.data.metaworld_demos import MT10_TASKS, generate_demos
 
     chosen = [t.strip() for t in tasks.split(",") if t.strip()] or MT10_TASKS[:4]
-    summary = generate_demos(out, chosen, episodes, image_size=image_size, seed=seed, overwrite=overwrite)
+    summary = generate_demos(out, chosen, episodes, image_size=image_size, seed=seed, overwrite=overwrite,
+                             cameras=[c.strip() for c in cameras.split(",") if c.strip()], num_workers=workers)
     typer.echo(f"wrote {summary.num_episodes} episodes ({summary.num_frames} frames, "
                f"{summary.size_bytes / 1e6:.2f} MB) of {summary.num_attempted} attempted to {summary.root} "
                f"in {summary.wall_s:.0f} s")

@@ -59,8 +59,13 @@ def check_environment(loaded: LoadedRecipe, environ: dict[str, str], progress: P
         progress("note: jobs inherit from your environment " + ", ".join(f"{k}={v}" for k, v in inherited.items()))
 
 
-def submit(loaded: LoadedRecipe, python: str, *, local: bool = False,
-           progress: Progress = print) -> RunInfo:
+def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: Progress = print,
+           eval_only: bool = False, mlflow_parent: str | None = None) -> RunInfo:
+    """Create the run directory and submit the chain (Slurm when reachable, else locally).
+
+    eval_only: the evaluation array and the report only (`embodyhpc eval`); `mlflow_parent` is then the training
+    run's MLflow run the report attaches its child run to.
+    """
     import os
 
     from embodyhpc.slurm import commands
@@ -75,25 +80,56 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False,
         else:
             progress(f"no Slurm cluster reachable ({why}): running the chain on this machine (--local)")
     job = loaded.config.job
-    for kind in chain_kinds(loaded):  # a broken template fails before anything exists
+    kinds = chain_kinds(loaded, eval_only=eval_only)
+    for kind in kinds:  # a broken template fails before anything exists
         render_job(loaded, kind, Path("/nonexistent-run-dir"), python)
     run_dir = new_run_dir(job.runs_root, job.experiment, job.name)
     (run_dir / RESOLVED_YAML).write_text(loaded.to_yaml())
     info = RunInfo(run_id=run_dir.name, run_dir=str(run_dir), backend=backend, recipe=loaded.recipe,
                    site=loaded.site, overrides=list(loaded.overrides), python=python,
                    created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    info.mlflow_run_id = mlflow_parent if eval_only else _create_mlflow_run(loaded, run_dir, progress)
     info.save()
     progress(f"run directory: {run_dir}")
     if backend == "slurm":
         from embodyhpc.slurm.chain import submit_chain
 
         return submit_chain(loaded, run_dir, info, on_submit=lambda r: progress(
-            f"submitted {r.kind}: job {r.job_id}" + (f" ({r.dependency})" if r.dependency else "")))
+            f"submitted {r.kind}: job {r.job_id}" + (f" ({r.dependency})" if r.dependency else "")),
+            eval_only=eval_only)
     from embodyhpc.slurm.local import run_local_chain
 
-    for kind in chain_kinds(loaded):  # the scripts a cluster would get, for reference
+    for kind in kinds:  # the scripts a cluster would get, for reference
         (run_dir / "scripts" / f"{kind}.sbatch").write_text(render_job(loaded, kind, run_dir, python))
-    return run_local_chain(loaded, run_dir, info, progress=progress)
+    return run_local_chain(loaded, run_dir, info, progress=progress, eval_only=eval_only)
+
+
+def _create_mlflow_run(loaded: LoadedRecipe, run_dir: Path, progress: Progress) -> str | None:
+    """The training run's MLflow run, created now (status SCHEDULED) so that every job of the chain finds it in
+    run.json. The store is initialised here, once, before jobs fan out (concurrent first use of a sqlite store
+    fails). A store that cannot be reached costs the dashboards, not the run: a warning, and tracking is off."""
+    cfg = loaded.config
+    if not cfg.tracking.enabled:
+        return None
+    from embodyhpc.tracking.mlflow_run import TrackingError, create_run, tracking_uri, ui_hint
+
+    uri = tracking_uri(cfg.tracking, cfg.job.runs_root)
+    try:
+        run_id = create_run(uri, experiment=cfg.tracking.experiment or cfg.job.experiment, run_name=run_dir.name,
+                            params=_params(loaded), tags={"embodyhpc.run_dir": str(run_dir),
+                                                         "embodyhpc.recipe": loaded.recipe,
+                                                         "embodyhpc.site": loaded.site or ""})
+    except TrackingError as exc:
+        progress(f"warning: MLflow tracking off for this run: {exc}")
+        return None
+    progress(f"MLflow run {run_id}; dashboards: {ui_hint(uri)}")
+    return run_id
+
+
+def _params(loaded: LoadedRecipe) -> dict:
+    import yaml
+
+    return yaml.safe_load(loaded.to_yaml()) or {}
 
 
 def _progress_text(status) -> str:
@@ -127,6 +163,10 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
                      f"{_progress_text(s)}".rstrip())
     if report:
         lines.append(f"report: {report['outcome']}: {report['why']}")
+        step = report.get("checkpoint_step")
+        for policy, text in (report.get("headline") or {}).items():
+            lines.append(f"  success {policy:<8} {text}" + (f" at step {step}" if policy == "trained" and step
+                                                             else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -330,7 +330,12 @@ def load_resolved(run_dir: str | Path) -> Config:
     """The frozen config a job reads from its run directory (written by submit)."""
     from embodyhpc.rundir import RESOLVED_YAML
 
-    path = Path(run_dir) / RESOLVED_YAML
+    return load_config_file(Path(run_dir) / RESOLVED_YAML)
+
+
+def load_config_file(path: str | Path) -> Config:
+    """A resolved config written by submit or by an export (config.yaml next to the weights)."""
+    path = Path(path)
     data = _parse(_read_path(path))
     _check_keys(data, Config, "", str(path))
     try:

@@ -115,17 +115,25 @@ class StagingConfig:
     """Copy the dataset to node-local NVMe before training (one copier per node)."""
     nvme_dir: str = "/tmp/embodyhpc-stage"
     """Node-local scratch folder (site profiles set it)."""
-    verify: bool = True
-    """Check the staged copy against the manifest (sizes and hashes) before training reads it."""
+    verify: str = "quick"
+    """How staging checks the staged copy before training reads it. quick: hash every byte while copying, and on
+    a restage re-hash only staged files whose stat (size, mtime, inode, ctime) changed; full: also re-hash
+    the whole staged copy from the disk on every run (catches bit rot, costs one local read of the dataset);
+    none: trust size and mtime. true/false (older recipes) mean quick/none."""
     copy_workers: int = 8
     """Parallel copy threads per node."""
 
     def __post_init__(self) -> None:
         checks.positive("staging.copy_workers", self.copy_workers)
+        legacy = {"true": "quick", "false": "none"}
+        object.__setattr__(self, "verify", legacy.get(str(self.verify).lower(), str(self.verify).lower()))
+        checks.choice("staging.verify", self.verify, ("quick", "full", "none"))
 
 
 MODEL_SIZES = ("tiny", "small", "full")
 ATTENTION_BACKENDS = ("auto", "flash_varlen", "torch_varlen", "flex", "sdpa_segments", "sdpa_reference")
+STATE_INPUTS = ("prompt", "expert")
+STATE_NORMS = ("none", "mean_std", "quantile")
 
 
 @dataclass(frozen=True)
@@ -147,12 +155,25 @@ class ModelConfig:
     """Token budget per sample (prefix + action chunk)."""
     packing: bool = True
     """Pack variable-length samples into fixed token budgets instead of padding."""
+    state_key: str = "observation.state"
+    """Dataset feature the policy reads as the robot state (MetaWorld demos also carry
+    observation.environment_state, the simulator's full 39-d state)."""
+    state_input: str = "prompt"
+    """prompt: the state is discretised into the prompt as text (pi0.5); expert: the continuous state vector is
+    projected into every action-expert token (pi0-style), which learns from a few demonstrations on a CPU."""
+    state_dim: int = 32
+    """With state_input=expert: the projection's input size (the state is zero-padded to it, like actions)."""
+    state_norm: str = "none"
+    """none, mean_std, or quantile (q01..q99 -> [-1, 1], pi0.5's choice), from the dataset's meta/stats.json; the
+    statistics are saved with exported weights for evaluation."""
 
     def __post_init__(self) -> None:
         checks.choice("model.size", self.size, MODEL_SIZES)
         checks.choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        for key in ("action_horizon", "action_dim", "max_token_len"):
+        for key in ("action_horizon", "action_dim", "max_token_len", "state_dim"):
             checks.positive(f"model.{key}", getattr(self, key))
+        checks.choice("model.state_input", self.state_input, STATE_INPUTS)
+        checks.choice("model.state_norm", self.state_norm, STATE_NORMS)
 
 
 AC_MODES = ("none", "full", "every_k")
@@ -240,6 +261,7 @@ class CheckpointConfig:
 
 
 EVAL_SUITES = ("metaworld", "pusht")
+REFERENCE_POLICIES = ("expert", "random")
 
 
 @dataclass(frozen=True)
@@ -264,6 +286,21 @@ class EvalConfig:
     """Time limit per shard."""
     every_k_checkpoints: int = 0
     """Also evaluate every k-th checkpoint while training runs (0 = only after training)."""
+    weights: str | None = None
+    """Exported weights to evaluate (a folder with model.safetensors, or a checkpoint step-N folder); default: the
+    run's own export. `embodyhpc eval --ckpt` sets it."""
+    reference_policies: list[str] = field(default_factory=lambda: ["expert", "random"])
+    """Reference rows of every report, run on the same episodes: expert (where the suite has one), random."""
+    execute_steps: int = 5
+    """Actions executed from each predicted chunk before the policy observes again (receding horizon)."""
+    denoise_steps: int = 10
+    """Euler steps of the flow-matching sampler per chunk."""
+    max_steps: int = 0
+    """Step limit per episode; 0 = the suite's own limit per task."""
+    videos_per_task: int = 1
+    """Rollout videos (mp4) recorded for the first episodes of each (task, seed), per policy."""
+    image_size: int = 64
+    """Rendered camera size for policies that did not record one (a trained policy renders what it trained on)."""
 
     def __post_init__(self) -> None:
         checks.choice("eval.suite", self.suite, EVAL_SUITES)
@@ -274,6 +311,12 @@ class EvalConfig:
         for key in ("episodes_per_task", "shards", "array_parallelism", "cpus_per_task"):
             checks.positive(f"eval.{key}", getattr(self, key))
         checks.positive("eval.every_k_checkpoints", self.every_k_checkpoints, allow_zero=True)
+        for key in ("execute_steps", "denoise_steps", "image_size"):
+            checks.positive(f"eval.{key}", getattr(self, key))
+        for key in ("max_steps", "videos_per_task"):
+            checks.positive(f"eval.{key}", getattr(self, key), allow_zero=True)
+        for name in self.reference_policies:
+            checks.choice("eval.reference_policies", name, REFERENCE_POLICIES)
         checks.slurm_mem("eval.mem", self.mem)
         checks.slurm_time_minutes("eval.time", self.time)
         num_episodes = len(self.tasks) * len(self.seeds) * self.episodes_per_task

@@ -187,10 +187,22 @@ class Episode:
         return len(self.frames["action"])
 
 
+def episode_spec(env_name: str, seed: int, episode: int) -> EpisodeSpec:
+    """Episode e of a task under `seed`: variant e % 50 of MT1(task, seed + e // 50)."""
+    return EpisodeSpec(env_name, seed + episode // VARIANTS_PER_SEED, episode % VARIANTS_PER_SEED)
+
+
 def episode_specs(tasks: Sequence[str], episodes_per_task: int, seed: int) -> list[EpisodeSpec]:
     """Episode e of a task uses variant e % 50 of MT1(task, seed + e // 50): the same seed, the same episodes."""
-    return [EpisodeSpec(env_name, seed + e // VARIANTS_PER_SEED, e % VARIANTS_PER_SEED)
-            for env_name in tasks for e in range(episodes_per_task)]
+    return [episode_spec(env_name, seed, e) for env_name in tasks for e in range(episodes_per_task)]
+
+
+def make_expert(env_name: str) -> Any:
+    """A fresh scripted expert of a task from `metaworld.policies` (`get_action(obs)` on the 39-d observation)."""
+    policies = _metaworld().policies.ENV_POLICY_MAP
+    if env_name not in policies:
+        raise ValueError(f"unknown MetaWorld task {env_name!r}; tasks with experts: {', '.join(sorted(policies))}")
+    return policies[env_name]()
 
 
 def rollout_expert(env: Any, policy: Any, max_steps: int, stop_on_success: bool = True,
@@ -451,6 +463,6 @@ def _control_fps(env_name: str) -> int:
 
 __all__ = [
     "ENVIRONMENT_STATE_NAMES", "INSTRUCTIONS", "MT10_TASKS", "CameraRenderer", "DemoSummary", "Episode", "EpisodeSpec",
-    "ExpertRunner", "dataset_features", "episode_specs", "expert_episodes", "generate_demos", "goal_variant",
-    "instruction_for", "known_tasks", "make_env", "render_replay", "rollout_expert",
+    "ExpertRunner", "dataset_features", "episode_spec", "episode_specs", "expert_episodes", "generate_demos",
+    "goal_variant", "instruction_for", "known_tasks", "make_env", "make_expert", "render_replay", "rollout_expert",
 ]

@@ -1,38 +1,141 @@
 """The evaluation array's entry point: one call per shard of the (task, seed, episode) grid.
 
-Until the simulator suites land, a shard records the episodes it owns (`"simulated": false`)
-against the trained weights it would load; the chain, sharding and aggregation are real.
+Each shard runs its episodes with every policy of the evaluation, the same episodes for each:
+- "trained": pi0.5 from exported weights (eval.weights, else the run's own export/), loaded once per shard;
+- the reference rows eval.reference_policies: the suite's scripted expert (where it has one) and random.
+One JSONL file per (policy, shard) under eval/shards/<policy>/, written atomically (see embodyhpc.eval.rollout),
+rollout videos under eval/videos/. A recipe that trains no policy (data.format: synthetic) is evaluated with
+the reference rows only.
+
+A failed shard is retried once: under Slurm it asks for its own array element to be requeued (the report then
+waits for it, as the report depends on the whole array); a second failure stays failed and the report names the
+missing episodes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
-from dataclasses import asdict
+import sys
 from pathlib import Path
+from typing import Any
 
 from embodyhpc.config.load import load_resolved
+from embodyhpc.config.schema import Config
 from embodyhpc.eval.shards import plan_shards
-from embodyhpc.launch.train import RESULT_FILE
+
+SHARDS_DIR = "eval/shards"
+VIDEOS_DIR = "eval/videos"
+EXPORT_DIR = "export"
+TRAINED = "trained"
+SHARD_RETRIES = 1
 
 
-def shard_file(run_dir: Path, shard: int) -> Path:
-    return run_dir / "eval" / f"shard-{shard:04d}.jsonl"
+def shard_file(run_dir: Path, policy: str, shard: int) -> Path:
+    return Path(run_dir) / SHARDS_DIR / policy / f"shard-{shard:04d}.jsonl"
+
+
+def weights_dir(config: Config, run_dir: Path) -> Path | None:
+    """The exported weights this evaluation runs: eval.weights, else the run's export (None: nothing trained)."""
+    if config.eval.weights:
+        return Path(config.eval.weights)
+    if config.data.format == "synthetic":
+        return None
+    return Path(run_dir) / EXPORT_DIR
+
+
+def policy_names(config: Config) -> list[str]:
+    """Rows of the report, in order; the trained row only when there are weights to evaluate."""
+    names = [TRAINED] if weights_dir(config, Path(".")) is not None else []
+    return names + list(config.eval.reference_policies)
+
+
+def planned_tasks(config: Config) -> list[str]:
+    """The recipe's tasks as the suite expands them (MetaWorld: "MT10" -> ten names): what shards are planned on."""
+    from embodyhpc.eval.suites import make_suite
+
+    with make_suite(config.eval.suite, list(config.eval.tasks)) as suite:
+        return list(suite.tasks)
+
+
+def plan(config: Config):
+    ev = config.eval
+    return plan_shards(planned_tasks(config), list(ev.seeds), ev.episodes_per_task, ev.shards)
 
 
 def eval_shard_task(run_dir: str, shard: int) -> dict:
-    config = load_resolved(run_dir)
+    try:
+        return _run(Path(run_dir), shard)
+    except Exception:
+        _retry_once(shard)
+        raise
+
+
+def _run(run: Path, shard: int) -> dict[str, Any]:
+    from embodyhpc.eval.policies import ExpertPolicy, RandomPolicy
+    from embodyhpc.eval.rollout import run_shard
+    from embodyhpc.eval.suites import make_suite
+
+    config = load_resolved(run)
     ev = config.eval
-    episodes = plan_shards(list(ev.tasks), list(ev.seeds), ev.episodes_per_task, ev.shards)[shard]
-    trained = Path(run_dir) / RESULT_FILE
-    if not trained.is_file():
-        raise FileNotFoundError(f"no training result at {trained}: evaluation runs only after training")
-    out = shard_file(Path(run_dir), shard)
-    tmp = out.with_suffix(".tmp")
-    with tmp.open("w") as f:
-        for episode in episodes:
-            record = {**asdict(episode), "shard": shard, "suite": ev.suite, "simulated": False,
-                      "host": socket.gethostname()}
-            f.write(json.dumps(record) + "\n")
-    tmp.replace(out)  # a shard file exists only when complete
-    return {"shard": shard, "episodes": len(episodes), "file": str(out)}
+    episodes = plan(config)[shard]
+    policies: dict[str, Any] = {}
+    cameras: list[str] = []
+    image_size = ev.image_size
+    weights = weights_dir(config, run)
+    step = None
+    if weights is not None:
+        from embodyhpc.eval.trained import TrainedPolicy, read_policy_io
+
+        io = read_policy_io(weights)
+        cameras, image_size = io.get("cameras", []), io.get("image_size", image_size)
+        policies[TRAINED] = TrainedPolicy.from_export(weights, execute_steps=ev.execute_steps,
+                                                      denoise_steps=ev.denoise_steps, threads=ev.cpus_per_task)
+        step = policies[TRAINED].step
+    # the trained policy sees the cameras it was trained on; reference rows read state only (no rendering but
+    # their videos), which makes them ~10x cheaper
+    suite = make_suite(ev.suite, list(ev.tasks), cameras=cameras, image_size=image_size)
+    state_suite = make_suite(ev.suite, list(ev.tasks), image_size=image_size)
+    try:
+        for name in ev.reference_policies:
+            if name == "expert" and state_suite.has_expert:
+                policies[name] = ExpertPolicy(state_suite)
+            elif name == "random":
+                policies[name] = RandomPolicy(state_suite)
+        summaries = {}
+        for name, policy in policies.items():
+            summary = run_shard(suite if name == TRAINED else state_suite, episodes, policy,
+                                shard_file(run, name, shard), policy_name=name,
+                                video_dir=run / VIDEOS_DIR, videos_per_task=ev.videos_per_task,
+                                max_steps=ev.max_steps or None,
+                                extra={"shard": shard, "checkpoint_step": step, "host": socket.gethostname()})
+            summaries[name] = summary.to_dict()
+            print(f"shard {shard}: {name}: {summary.successes}/{summary.episodes} successes "
+                  f"({summary.episodes_per_s:.2f} episodes/s)", flush=True)
+    finally:
+        suite.close()
+        state_suite.close()
+    return {"shard": shard, "episodes": len(episodes), "policies": summaries}
+
+
+def _retry_once(shard: int) -> None:
+    """Under Slurm, requeue this array element once (SLURM_RESTART_COUNT counts the restarts)."""
+    job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    task = os.environ.get("SLURM_ARRAY_TASK_ID")
+    if not job or task is None or int(os.environ.get("SLURM_RESTART_COUNT", "0")) >= SHARD_RETRIES:
+        return
+    from embodyhpc.slurm.commands import requeue
+
+    try:
+        requeue(f"{job}_{task}")
+        print(f"shard {shard} failed: requeued once ({job}_{task})", file=sys.stderr, flush=True)
+    except Exception as exc:  # the failure itself is what matters; the report will name the missing shard
+        print(f"shard {shard} failed and could not be requeued: {exc}", file=sys.stderr, flush=True)
+
+
+def shard_records(run: Path, policy: str, shard: int) -> list[dict] | None:
+    path = shard_file(run, policy, shard)
+    if not path.is_file():
+        return None
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,64 +1,183 @@
 """The report job: runs after training and the evaluation array, whatever their outcome.
 
-It never averages silently over fewer episodes than planned: missing shards and a failed
-training run are recorded as such.
+It aggregates every shard file (success rate per task and overall with Wilson 95% intervals, per policy), and
+never averages silently over fewer episodes than planned: missing shards, missing episodes and a failed training
+run are recorded as such. Outputs, under eval/:
+
+    report.json     outcome (complete | incomplete | train_failed), why, job states, the aggregated results
+    report.md       the markdown summary (also logged to MLflow)
+    plots/          task_success.png (bars per task and policy), success_vs_step.png (every report of the run)
+    history.jsonl   one line per report: checkpoint step and each policy's overall rate and interval
+
+and, with tracking on, a child MLflow run of the training run: metrics keyed by the checkpoint step, the plots,
+the summary, report.json and the rollout videos.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 from embodyhpc.config.load import load_resolved
-from embodyhpc.eval.shards import plan_shards
-from embodyhpc.launch.eval import shard_file
+from embodyhpc.eval.shards import all_episodes
+from embodyhpc.launch.eval import SHARDS_DIR, TRAINED, VIDEOS_DIR, plan, planned_tasks, policy_names, shard_file
 from embodyhpc.launch.train import RESULT_FILE
 from embodyhpc.rundir import RunInfo, write_json_atomic
 
 REPORT_FILE = "eval/report.json"
+SUMMARY_FILE = "eval/report.md"
+HISTORY_FILE = "eval/history.jsonl"
+PLOTS_DIR = "eval/plots"
 
 
 def report_task(run_dir: str) -> dict:
+    from embodyhpc.eval.aggregate import aggregate, format_table, load_records
     from embodyhpc.slurm.status import chain_status  # job states come from Slurm (or run.json)
 
     run = Path(run_dir)
     config = load_resolved(run)
+    info = RunInfo.load(run)
     ev = config.eval
-    plan = plan_shards(list(ev.tasks), list(ev.seeds), ev.episodes_per_task, ev.shards)
-    states = {s.kind: s for s in chain_status(RunInfo.load(run)) if s.kind != "report"}
+    shards = plan(config)
+    states = {s.kind: s for s in chain_status(info) if s.kind != "report"}
     train = states.get("train")
-    trained = (run / RESULT_FILE).is_file()
+    trained = (run / RESULT_FILE).is_file() or "train" not in info.jobs  # an eval-only run trains nothing
+    policies = policy_names(config)
 
-    found, missing, episodes = [], [], 0
-    for shard, planned in enumerate(plan):
-        path = shard_file(run, shard)
-        if not path.is_file():
-            missing.append(shard)
-            continue
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if len(records) != len(planned):
-            missing.append(shard)
-            continue
-        found.append(shard)
-        episodes += len(records)
+    missing_shards = sorted({shard for shard in range(len(shards)) for name in policies
+                             if not shard_file(run, name, shard).is_file()})
+    files = sorted((run / SHARDS_DIR).glob("*/shard-*.jsonl")) if (run / SHARDS_DIR).is_dir() else []
+    results = aggregate(load_records(files), all_episodes(planned_tasks(config), list(ev.seeds), ev.episodes_per_task),
+                        policies=policies)
+    step = _checkpoint_step(files)
 
     if not trained:
         why = f"training did not finish (state {train.state if train else 'unknown'}"
         why += f", exit {train.exit_code})" if train and train.exit_code is not None else ")"
         outcome = "train_failed"
-    elif missing:
-        why, outcome = f"{len(missing)} of {len(plan)} evaluation shards missing: {missing}", "incomplete"
+    elif missing_shards or not results.complete:
+        short = {name: p.overall.planned - p.overall.recorded for name, p in results.policies.items()
+                 if not p.complete}
+        why = (f"{len(missing_shards)} of {len(shards)} evaluation shards missing: {missing_shards}" if missing_shards
+               else f"episodes missing per policy: {short}")
+        outcome = "incomplete"
     else:
         why, outcome = "all shards reported", "complete"
-    report = {
+    report: dict[str, Any] = {
         "outcome": outcome,
         "why": why,
+        "checkpoint_step": step,
         "train": {"finished": trained, "state": train.state if train else None,
                   "exit_code": train.exit_code if train else None},
-        "eval": {"shards_planned": len(plan), "shards_found": found, "shards_missing": missing,
-                 "episodes_planned": sum(len(p) for p in plan), "episodes_recorded": episodes,
+        "eval": {"suite": ev.suite, "shards_planned": len(shards),
+                 "shards_found": [s for s in range(len(shards)) if s not in missing_shards],
+                 "shards_missing": missing_shards, "episodes_planned": sum(len(p) for p in shards),
+                 "episodes_recorded": {name: p.overall.recorded for name, p in results.policies.items()},
                  "state": states["eval"].state if "eval" in states else None},
+        "results": results.to_dict(),
+        "headline": headline(results),
     }
+    outputs = _write_outputs(run, report, results, step)
     write_json_atomic(run / REPORT_FILE, report)
     print(f"report: {outcome}: {why}", flush=True)
+    print(format_table(results), flush=True)
+    if config.tracking.enabled and info.mlflow_run_id:
+        report["mlflow_child_run_id"] = _log_to_mlflow(config, info, report, outputs, step, run)
+        write_json_atomic(run / REPORT_FILE, report)
     return report
+
+
+def headline(results: Any) -> dict[str, Any]:
+    """{policy: "0.80 [0.49, 0.94] (20/20)"}: what `embodyhpc status` prints."""
+    out = {}
+    for name, p in results.policies.items():
+        o = p.overall
+        rate = "n/a" if o.success_rate is None else f"{o.success_rate:.2f} [{o.ci_low:.2f}, {o.ci_high:.2f}]"
+        out[name] = f"{rate} ({o.recorded}/{o.planned} episodes)"
+    return out
+
+
+def _checkpoint_step(files: list[Path]) -> int | None:
+    for path in files:
+        if path.parent.name != TRAINED:
+            continue
+        for line in path.read_text().splitlines():
+            if line.strip():
+                step = json.loads(line).get("checkpoint_step")
+                return int(step) if step is not None else None
+    return None
+
+
+def _write_outputs(run: Path, report: dict[str, Any], results: Any, step: int | None) -> dict[str, Path]:
+    """history.jsonl, the plots and the markdown summary; plotting problems never lose the report."""
+    from embodyhpc.eval.aggregate import markdown_summary
+
+    history = run / HISTORY_FILE
+    entry = {"step": step, "outcome": report["outcome"],
+             **{name: [p.overall.success_rate, p.overall.ci_low, p.overall.ci_high]
+                for name, p in results.policies.items()}}
+    with history.open("a") as f:
+        f.write(json.dumps(entry) + "\n")
+    outputs: dict[str, Path] = {}
+    try:
+        from embodyhpc.eval.plots import plot_success_vs_step, plot_task_bars
+
+        plots = run / PLOTS_DIR
+        plots.mkdir(parents=True, exist_ok=True)
+        outputs["task_success"] = plot_task_bars(results, plots / "task_success.png")
+        points, references = [], {}
+        for line in history.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("step") is not None and row.get(TRAINED) and row[TRAINED][0] is not None:
+                points.append((row["step"], *row[TRAINED]))
+        for name, p in results.policies.items():
+            if name != TRAINED and p.overall.success_rate is not None:
+                references[name] = p.overall.success_rate
+        outputs["success_vs_step"] = plot_success_vs_step(points, plots / "success_vs_step.png",
+                                                          references=references)
+    except Exception as exc:  # matplotlib missing or a plotting bug: the numbers matter more
+        print(f"report: plots skipped: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    images = {name: f"plots/{path.name}" for name, path in outputs.items()}
+    notes = [report["why"]] + ([f"Checkpoint step {step}."] if step is not None else [])
+    summary = run / SUMMARY_FILE
+    summary.write_text(markdown_summary(results, title="Evaluation", images=images, notes=notes))
+    outputs["summary"] = summary
+    return outputs
+
+
+def _log_to_mlflow(config: Any, info: RunInfo, report: dict[str, Any], outputs: dict[str, Path],
+                   step: int | None, run: Path) -> str | None:
+    """A child run of the training run; a tracking failure is reported, never fatal to the report."""
+    try:
+        from embodyhpc.tracking.mlflow_run import log_child_run, set_terminated, tracking_uri
+
+        uri = tracking_uri(config.tracking, config.job.runs_root)
+        metrics: dict[str, float] = {}
+        for name, p in report["results"]["policies"].items():
+            overall = p["overall"]
+            if overall["success_rate"] is not None:
+                metrics[f"eval/{name}/success_rate"] = overall["success_rate"]
+                metrics[f"eval/{name}/success_ci_low"] = overall["ci_low"]
+                metrics[f"eval/{name}/success_ci_high"] = overall["ci_high"]
+            metrics[f"eval/{name}/episodes_missing"] = float(overall["planned"] - overall["recorded"])
+            for task, stats in p["tasks"].items():
+                if stats["success_rate"] is not None:
+                    metrics[f"eval/{name}/{task}/success_rate"] = stats["success_rate"]
+        artifacts = [(path, "plots" if path.suffix == ".png" else None) for path in outputs.values()]
+        artifacts.append((run / REPORT_FILE, None))
+        if (run / VIDEOS_DIR).is_dir():
+            artifacts.append((run / VIDEOS_DIR, "videos"))
+        child = log_child_run(uri, info.mlflow_run_id, run_name=f"eval-step-{step if step is not None else 'na'}",
+                              metrics=metrics, step=step or 0, params={"suite": config.eval.suite,
+                                                                       "tasks": ",".join(config.eval.tasks)},
+                              tags={"embodyhpc.outcome": report["outcome"], "embodyhpc.run_dir": str(run)},
+                              artifacts=artifacts)
+        if report["outcome"] == "train_failed":
+            set_terminated(uri, info.mlflow_run_id, "FAILED", only_if_active=True)
+        print(f"report: MLflow child run {child} of {info.mlflow_run_id}", flush=True)
+        return child
+    except Exception as exc:
+        print(f"report: MLflow logging failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return None

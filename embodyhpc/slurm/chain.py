@@ -31,7 +31,7 @@ def _executor(loaded: LoadedRecipe, kind: str, run_dir: Path, python: str,
 
 
 def submit_chain(loaded: LoadedRecipe, run_dir: Path, info: RunInfo,
-                 on_submit: Callable[[JobRecord], None] = lambda record: None) -> RunInfo:
+                 on_submit: Callable[[JobRecord], None] = lambda record: None, *, eval_only: bool = False) -> RunInfo:
     """Submit every job; if one submission fails, cancel the ones already submitted."""
     submitted: list[str] = []
 
@@ -52,11 +52,13 @@ def submit_chain(loaded: LoadedRecipe, run_dir: Path, info: RunInfo,
         return job_id
 
     try:
-        train_id = submit("train", [], lambda ex: ex.submit(train_task, str(run_dir)))
-        after = [train_id]
-        if loaded.config.eval.enabled:
+        after: list[str] = []
+        if not eval_only:
+            after.append(submit("train", [], lambda ex: ex.submit(train_task, str(run_dir))))
+        if loaded.config.eval.enabled or eval_only:
             shards = loaded.config.eval.shards
-            eval_id = submit("eval", [f"--dependency=afterok:{train_id}", "--kill-on-invalid-dep=yes"],
+            deps = [f"--dependency=afterok:{after[0]}", "--kill-on-invalid-dep=yes"] if after else []
+            eval_id = submit("eval", deps,
                              lambda ex: ex.map_array(eval_shard_task, [str(run_dir)] * shards, range(shards)),
                              array_size=shards)
             after.append(eval_id)

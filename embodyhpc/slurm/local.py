@@ -41,7 +41,7 @@ def _last_error_line(text: str) -> str:
 
 
 def run_local_chain(loaded: LoadedRecipe, run_dir: Path, info: RunInfo,
-                    progress: Callable[[str], None] = print) -> RunInfo:
+                    progress: Callable[[str], None] = print, *, eval_only: bool = False) -> RunInfo:
     import submitit
 
     cfg = loaded.config
@@ -60,25 +60,29 @@ def run_local_chain(loaded: LoadedRecipe, run_dir: Path, info: RunInfo,
         info.save()
         return rec
 
-    record("train", state="PENDING")
-    if cfg.eval.enabled:
-        record("eval", state="PENDING", array_size=cfg.eval.shards, dependency="afterok:train")
-    record("report", state="PENDING", dependency="afterany:train:eval")
+    with_eval = cfg.eval.enabled or eval_only
+    if not eval_only:
+        record("train", state="PENDING")
+    if with_eval:
+        record("eval", state="PENDING", array_size=cfg.eval.shards, dependency=None if eval_only else "afterok:train")
+    record("report", state="PENDING", dependency="afterany:eval" if eval_only else "afterany:train:eval")
 
     env = {"EMBODYHPC_RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1", **dict(cfg.site.env),
            **cfg.network.environment()}
     with patched_environ(env):
-        world = loaded.resolved.world_size
-        progress(f"train: {world} local processes")
-        job = executor("train", world).submit(train_task, str(run_dir))
-        record("train", job_id=str(job.job_id), state="RUNNING")
-        state, reason, code = _outcome(job)
-        record("train", state=state, reason=reason, exit_code=code)
-        progress(f"train: {state}" + (f" ({reason})" if reason else ""))
+        state = "COMPLETED"
+        if not eval_only:
+            world = loaded.resolved.world_size
+            progress(f"train: {world} local processes")
+            job = executor("train", world).submit(train_task, str(run_dir))
+            record("train", job_id=str(job.job_id), state="RUNNING")
+            state, reason, code = _outcome(job)
+            record("train", state=state, reason=reason, exit_code=code)
+            progress(f"train: {state}" + (f" ({reason})" if reason else ""))
 
-        if cfg.eval.enabled and state == "COMPLETED":
+        if with_eval and state == "COMPLETED":
             _run_eval(loaded, run_dir, executor("eval", 1), record, progress)
-        elif cfg.eval.enabled:
+        elif with_eval:
             record("eval", state="CANCELLED", reason="DependencyNeverSatisfied",
                    array_counts={"CANCELLED": cfg.eval.shards})
             progress("eval: CANCELLED (training failed)")

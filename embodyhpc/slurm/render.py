@@ -94,8 +94,11 @@ def job_shape(loaded: LoadedRecipe, kind: str) -> JobShape:
     raise ValueError(f"unknown job kind {kind!r}; expected one of {JOB_KINDS}")
 
 
-def chain_kinds(loaded: LoadedRecipe) -> list[str]:
-    """The jobs of this recipe's chain, in order (no eval array when eval.enabled is false)."""
+def chain_kinds(loaded: LoadedRecipe, *, eval_only: bool = False) -> list[str]:
+    """The jobs of this recipe's chain, in order (no eval array when eval.enabled is false; no training for
+    `embodyhpc eval`, which evaluates weights that exist)."""
+    if eval_only:
+        return ["eval", "report"]
     return [kind for kind in JOB_KINDS if kind != "eval" or loaded.config.eval.enabled]
 
 

@@ -1,0 +1,194 @@
+"""Roll policies out in a suite: one episode (`run_episode`), or one shard of the evaluation to JSONL (`run_shard`).
+
+    from embodyhpc.eval.rollout import run_shard
+    summary = run_shard(suite, shard_episodes, policy, run_dir / "eval/shard-0003.jsonl", policy_name="trained",
+                        video_dir=run_dir / "eval/videos")
+
+One JSON record per episode:
+
+    {"policy": "trained", "task": "reach-v3", "seed": 0, "episode": 3, "success": true, "return": 412.7,
+     "length": 57, "success_step": 57, "wall_s": 0.41, "video": "trained/reach-v3/seed0-ep0003.mp4" or null, ...}
+
+success: any step reported success. With stop_on_success (the default) the episode ends at that step, as the
+demos do; length counts the steps taken and success_step is the first successful one (1-based, null if none).
+The shard file is written as `<name>.tmp` and renamed when every episode is in: a shard file exists only when
+complete, so the report can tell a missing shard from a short one.
+
+Videos (H.264, yuv420p, plays in browsers and MLflow): episodes numbered below `videos_per_task` of every
+(task, seed), i.e. the same episodes whatever the sharding; frames from `env.render()` (the suite's video camera),
+the initial state and one per step, at the simulator's control rate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embodyhpc.eval.policies import Policy
+from embodyhpc.eval.shards import Episode
+from embodyhpc.eval.suites import EvalEnv, Suite, episode_seed
+
+RECORD_FIELDS = frozenset({"policy", "task", "seed", "episode", "success", "return", "length", "success_step",
+                           "wall_s", "video"})
+VIDEO_GOP = 16  # keyframe interval of rollout videos: small files, seeking is rare
+
+
+class EpisodeVideo:
+    """An mp4 written frame by frame to `<path>.tmp.mp4`, renamed to `path` by `close()` (removed by `abort()`)."""
+
+    def __init__(self, path: Path, fps: int) -> None:
+        self.path, self.fps = Path(path), fps
+        self._tmp = self.path.with_name(self.path.stem + ".tmp.mp4")
+        self._writer: Any = None
+        self.num_frames = 0
+
+    def write(self, frame: np.ndarray) -> None:
+        if self._writer is None:
+            from embodyhpc.data.writer import VideoOptions, _VideoFileWriter
+
+            height, width = frame.shape[:2]
+            if height % 2 or width % 2:
+                raise ValueError(f"video frames need an even width and height for yuv420p, got {width}x{height}")
+            self._writer = _VideoFileWriter(self._tmp, width, height, self.fps, VideoOptions(gop_size=VIDEO_GOP))
+        self._writer.write(np.asarray(frame, dtype=np.uint8)[None])
+        self.num_frames += 1
+
+    def close(self) -> Path | None:
+        if self._writer is None:
+            return None
+        self._writer.close()
+        self._writer = None
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            finally:
+                self._writer = None
+                self._tmp.unlink(missing_ok=True)
+
+
+def run_episode(env: EvalEnv, policy: Policy, episode: Episode, *, max_steps: int, video: Path | None = None,
+                stop_on_success: bool = True) -> dict[str, Any]:
+    """Roll `policy` out from `env.reset()` for at most max_steps steps; the episode's record (see module doc)."""
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    start = time.perf_counter()
+    recorder = EpisodeVideo(video, env.fps) if video is not None else None
+    total, length, success_step = 0.0, 0, None
+    try:
+        policy.reset(episode.task, episode_seed(episode.task, episode.seed, episode.episode))
+        obs = env.reset()
+        if recorder:
+            recorder.write(env.render())
+        for _ in range(max_steps):
+            obs, reward, success, done = env.step(policy.act(obs))
+            length += 1
+            total += reward
+            if recorder:
+                recorder.write(env.render())
+            if success and success_step is None:
+                success_step = length
+            if done or (success and stop_on_success):
+                break
+        if recorder:
+            recorder.close()
+    except BaseException:
+        if recorder:
+            recorder.abort()
+        raise
+    return {"task": episode.task, "seed": episode.seed, "episode": episode.episode,
+            "success": success_step is not None, "return": total, "length": length, "success_step": success_step,
+            "wall_s": time.perf_counter() - start}
+
+
+@dataclass
+class ShardSummary:
+    """What `run_shard` wrote and how fast."""
+
+    out: Path
+    policy: str
+    episodes: int = 0
+    successes: int = 0
+    steps: int = 0
+    wall_s: float = 0.0
+    videos: list[Path] = field(default_factory=list)
+
+    @property
+    def episodes_per_s(self) -> float:
+        return self.episodes / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.wall_s if self.wall_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "out": str(self.out), "videos": [str(v) for v in self.videos],
+                "episodes_per_s": self.episodes_per_s, "steps_per_s": self.steps_per_s}
+
+
+def video_name(policy_name: str, episode: Episode) -> str:
+    """Where an episode's video lands under video_dir (also the record's "video" field)."""
+    return f"{policy_name}/{episode.task}/seed{episode.seed}-ep{episode.episode:04d}.mp4"
+
+
+def run_shard(suite: Suite, episodes: Sequence[Episode], policy: Policy, out_jsonl: str | os.PathLike, *,
+              policy_name: str, video_dir: str | os.PathLike | None = None, videos_per_task: int = 1,
+              max_steps: int | None = None, stop_on_success: bool = True,
+              extra: Mapping[str, Any] | None = None) -> ShardSummary:
+    """Run `episodes` with `policy` and write one JSON line each to `out_jsonl` (atomically, when all are done).
+
+    Episodes run grouped by task (the suite keeps a task's simulator between its episodes); records carry
+    "policy": policy_name and the `extra` fields (e.g. shard index, checkpoint step).
+    max_steps: per-episode step limit (default: the suite's limit of each task).
+    """
+    if videos_per_task < 0:
+        raise ValueError(f"videos_per_task must be >= 0, got {videos_per_task}")
+    clash = sorted(set(extra or ()) & RECORD_FIELDS)
+    if clash:
+        raise ValueError(f"extra fields {clash} would overwrite the episode record's own fields")
+    out = Path(out_jsonl)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    first_seen = {task: i for i, task in reversed(list(enumerate(e.task for e in episodes)))}
+    ordered = sorted(episodes, key=lambda e: first_seen[e.task])  # stable: plan order within a task
+    summary = ShardSummary(out=out, policy=policy_name)
+    start = time.perf_counter()
+    with tmp.open("w") as f:
+        for episode in ordered:
+            video = None
+            if video_dir is not None and episode.episode < videos_per_task:
+                video = Path(video_dir) / video_name(policy_name, episode)
+                video.parent.mkdir(parents=True, exist_ok=True)
+            env = suite.make_env(episode.task, episode.seed, episode.episode)
+            try:
+                limit = max_steps or suite.max_steps(episode.task)
+                record = run_episode(env, policy, episode, max_steps=limit, video=video,
+                                     stop_on_success=stop_on_success)
+            finally:
+                env.close()
+            record = {"policy": policy_name, **record, "video": video_name(policy_name, episode) if video else None,
+                      **(extra or {})}
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            summary.episodes += 1
+            summary.successes += int(record["success"])
+            summary.steps += record["length"]
+            if video:
+                summary.videos.append(video)
+        os.fsync(f.fileno())
+    os.replace(tmp, out)
+    summary.wall_s = time.perf_counter() - start
+    return summary
+
+
+__all__ = ["RECORD_FIELDS", "EpisodeVideo", "ShardSummary", "run_episode", "run_shard", "video_name"]

@@ -1,0 +1,179 @@
+"""Simulator suites for evaluation: one interface over MetaWorld, PushT and whatever a site adds.
+
+    from embodyhpc.eval.suites import make_suite
+
+    with make_suite("metaworld", ["MT10"], cameras=["corner"], image_size=64) as suite:
+        env = suite.make_env("reach-v3", seed=100, episode=3)   # the same triple, the same initial state
+        obs = env.reset()           # {"observation.state", "observation.environment_state",
+                                    #  "observation.images.corner", "task"}
+        obs, reward, success, done = env.step(action)
+        env.close()                 # hands the simulator back to the suite for the next episode
+
+Observations are keyed and typed like the LeRobot demo datasets (embodyhpc.data.metaworld_demos), so a policy
+trained on those reads them as they are: vectors float32, images uint8 (H, W, 3), "task" the instruction.
+
+An episode is the triple (task, seed, episode) of embodyhpc.eval.shards.Episode and maps to one initial state on
+every machine. MetaWorld: goal variant `episode % 50` of `MT1(task, seed + episode // 50)`, exactly the demo
+generator's `make_env(task, seed, variant)`, so evaluating with a seed the demos were not generated with gives
+held-out goal variants. PushT: `reset(seed=episode_seed(task, seed, episode))`.
+
+Suites shipped: "metaworld" (50 v3 tasks; "MT10" and "MT50" expand; scripted experts) and "pusht" (gym-pusht,
+task "pusht"; no expert). Simulators are imported only when a suite is made.
+
+Adding a simulator (LIBERO, a site's own)
+-----------------------------------------
+Write a class with the `Suite` members below whose `make_env` returns an `EvalEnv`, and a factory
+`factory(tasks, *, cameras, image_size, **options) -> Suite`. Then either register it in code that runs before
+evaluation (a site plugin module):
+
+    from embodyhpc.eval.suites import register_suite
+    register_suite("libero", "mysite.libero_suite:LiberoSuite")   # "module:attr" (imported on first use) or a callable
+
+or declare it as a package entry point, which `make_suite` finds without any import on your side:
+
+    [project.entry-points."embodyhpc.eval_suites"]
+    libero = "mysite.libero_suite:LiberoSuite"
+
+Keep observation keys the ones your training dataset uses, make `make_env(task, seed, episode)` a pure function
+of its arguments (the evaluation is sharded over machines and must not depend on which shard ran an episode),
+report success from the simulator's own criterion, and set `has_expert = False` unless you ship a scripted policy
+(`expert_policy(task)`), in which case reports get an expert reference row.
+"""
+
+from __future__ import annotations
+
+import importlib
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+ENTRY_POINT_GROUP = "embodyhpc.eval_suites"
+
+Obs = dict[str, Any]
+
+
+@runtime_checkable
+class EvalEnv(Protocol):
+    """One episode's simulator: `reset()` puts it in the episode's initial state."""
+
+    task: str
+    seed: int
+    episode: int
+    action_dim: int
+    fps: int
+    """Control steps per simulated second (video frame rate)."""
+
+    def reset(self) -> Obs: ...
+
+    def step(self, action: np.ndarray) -> tuple[Obs, float, bool, bool]:
+        """(observation, reward, success at this step, done: the simulator cannot go on)."""
+        ...
+
+    def render(self) -> np.ndarray:
+        """A uint8 (H, W, 3) frame of the current state for videos (the suite's video camera)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Suite(Protocol):
+    name: str
+    tasks: list[str]
+    """The expanded task names, in order."""
+    cameras: tuple[str, ...]
+    has_expert: bool
+
+    def instruction(self, task: str) -> str: ...
+
+    def max_steps(self, task: str) -> int: ...
+
+    def action_bounds(self, task: str) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def features(self, task: str) -> dict[str, dict[str, Any]]:
+        """{observation key: {"dtype", "shape"}} of what `reset`/`step` return ("task" excluded)."""
+        ...
+
+    def make_env(self, task: str, seed: int, episode: int) -> EvalEnv: ...
+
+    def expert_policy(self, task: str) -> Callable[[Obs], np.ndarray]:
+        """The task's scripted expert as a function obs -> action (only where has_expert)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+SuiteFactory = Callable[..., Suite]
+_REGISTRY: dict[str, SuiteFactory | str] = {
+    "metaworld": "embodyhpc.eval.suite_metaworld:MetaWorldSuite",
+    "pusht": "embodyhpc.eval.suite_pusht:PushTSuite",
+}
+
+
+def register_suite(name: str, factory: SuiteFactory | str, *, replace: bool = False) -> None:
+    """Make `make_suite(name, ...)` build a suite with `factory` ("module:attr" is imported on first use)."""
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"an evaluation suite named {name!r} is already registered (pass replace=True)")
+    _REGISTRY[name] = factory
+
+
+def _entry_points() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available_suites() -> list[str]:
+    """Registered suite names and those declared as entry points (nothing is imported)."""
+    return sorted(set(_REGISTRY) | set(_entry_points()))
+
+
+def _resolve(name: str) -> SuiteFactory:
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        entry = _entry_points().get(name)
+        if entry is None:
+            raise ValueError(f"unknown evaluation suite {name!r}; available: {', '.join(available_suites())} "
+                             f"(sites add theirs with register_suite or a {ENTRY_POINT_GROUP!r} entry point)")
+        return entry.load()
+    if isinstance(factory, str):
+        module, _, attr = factory.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+        _REGISTRY[name] = factory
+    return factory
+
+
+def make_suite(name: str, tasks: Sequence[str], *, cameras: Sequence[str] = (), image_size: int = 64,
+               **options: Any) -> Suite:
+    """The suite `name` over `tasks` (suite-specific names or groups such as "MT10").
+
+    cameras: rendered into every observation as "observation.images.<camera>" (uint8, image_size square).
+    options: suite-specific (e.g. video_camera, video_size).
+    """
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    if image_size < 1:
+        raise ValueError(f"image_size must be >= 1, got {image_size}")
+    return _resolve(name)(list(tasks), cameras=tuple(cameras), image_size=image_size, **options)
+
+
+def episode_seed(task: str, seed: int, episode: int) -> int:
+    """A 32-bit seed that depends on (task, seed, episode) only: for simulators and stochastic policies."""
+    if seed < 0 or episode < 0:
+        raise ValueError(f"seed and episode must be >= 0, got seed={seed}, episode={episode}")
+    return int(np.random.SeedSequence([zlib.crc32(task.encode()), seed, episode]).generate_state(1)[0])
+
+
+def check_action(action: Any, action_dim: int) -> np.ndarray:
+    array = np.asarray(action, dtype=np.float32).reshape(-1)
+    if array.shape != (action_dim,):
+        raise ValueError(f"expected an action of {action_dim} values, got shape {np.shape(action)}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"action has non-finite values: {array}")
+    return array
+
+
+__all__ = ["ENTRY_POINT_GROUP", "EvalEnv", "Suite", "available_suites", "check_action", "episode_seed",
+           "make_suite", "register_suite"]

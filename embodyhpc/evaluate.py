@@ -1,0 +1,84 @@
+"""`embodyhpc eval --ckpt PATH`: the evaluation array and report for weights that already exist.
+
+PATH may be
+- an export folder (model.safetensors + config.yaml + export.json; what every training run writes to export/),
+- a checkpoint folder `checkpoints/step-N` of a run (complete: it has the .complete marker); it is exported once
+  into the run's exports/step-N/ (with the run's normalisation files) and that folder is evaluated,
+- a run directory (its export/ is evaluated).
+The recipe is the one the weights were trained with (config.yaml / resolved.yaml), then `key=value` overrides
+and --suite; eval.weights points at the weights. When the weights belong to a run with an MLflow run in its
+run.json, the report logs its child run there, next to the run's own evaluations.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from embodyhpc.errors import UserError
+from embodyhpc.rundir import RESOLVED_YAML, RUN_JSON, RunInfo
+
+EXPORT_FILES = ("export.json", "config.yaml", "model.safetensors")
+SIDE_FILES = ("normalization.json", "policy_io.json")
+COMPLETE_MARKER = ".complete"  # embodyhpc.checkpoint.layout.MARKER (not imported: it pulls in torch)
+
+
+@dataclass(frozen=True)
+class EvalSource:
+    config_path: Path
+    """The recipe the weights were trained with."""
+    weights: Path | None
+    """An export folder to evaluate as it is; None when `checkpoint` must be exported first."""
+    checkpoint: Path | None
+    source_run: Path | None
+    """The training run directory, when PATH lies in one."""
+    mlflow_parent: str | None
+
+
+def resolve_source(path: Path) -> EvalSource:
+    path = Path(path).expanduser().resolve()
+    if not path.exists():
+        raise UserError("does not exist", key="--ckpt", where=str(path),
+                        fix="pass an export folder, a checkpoints/step-N folder or a run directory")
+    if (path / RUN_JSON).is_file():  # a run directory: its export
+        return resolve_source(path / "export")
+    if all((path / name).is_file() for name in EXPORT_FILES):
+        run = path.parent if (path.parent / RUN_JSON).is_file() else None
+        return EvalSource(path / "config.yaml", path, None, run, _mlflow_run(run))
+    if (path / COMPLETE_MARKER).is_file():
+        run = path.parent.parent
+        if not (run / RESOLVED_YAML).is_file():
+            raise UserError(f"a checkpoint outside a run directory (no {run / RESOLVED_YAML})", key="--ckpt",
+                            where=str(path), fix="pass the run's export/ folder, or a step-N folder inside a run")
+        return EvalSource(run / RESOLVED_YAML, None, path, run, _mlflow_run(run))
+    if path.name.startswith("step-"):
+        raise UserError("an incomplete checkpoint (no .complete marker: the save did not finish)", key="--ckpt",
+                        where=str(path), fix="evaluate the previous step-N folder or the run's export/")
+    raise UserError("neither an export folder, a checkpoint step-N folder nor a run directory", key="--ckpt",
+                    where=str(path), fix="pass e.g. RUN_DIR/export or RUN_DIR/checkpoints/step-1000")
+
+
+def _mlflow_run(run: Path | None) -> str | None:
+    if run is None:
+        return None
+    try:
+        return RunInfo.load(run).mlflow_run_id
+    except Exception:  # an unreadable run.json costs the attachment, not the evaluation
+        return None
+
+
+def export_checkpoint(source: EvalSource, progress=print) -> Path:
+    """Export `source.checkpoint` to <run>/exports/<step-N>/ (once; with the training run's side files)."""
+    from embodyhpc.checkpoint.export import export_consolidated
+
+    out = source.source_run / "exports" / source.checkpoint.name
+    if (out / "export.json").is_file():
+        return out
+    progress(f"exporting {source.checkpoint} -> {out}")
+    export_consolidated(source.checkpoint, out, config_yaml=source.config_path.read_text())
+    for name in SIDE_FILES:
+        side = source.source_run / "export" / name if source.source_run else None
+        if side is not None and side.is_file():
+            shutil.copy2(side, out / name)
+    return out
