@@ -103,15 +103,17 @@ def discretize_state(state: torch.Tensor, num_bins: int = 256) -> list[int]:
     return scaled.floor().clamp(max=num_bins - 1).long().tolist()
 
 
-def encode_prompt(tokenizer: Tokenizer, instruction: str, state: torch.Tensor, *, max_tokens: int,
+def encode_prompt(tokenizer: Tokenizer, instruction: str, state: torch.Tensor | None, *, max_tokens: int,
                   num_bins: int = 256) -> list[int]:
-    """[bos] + "Task: <instruction>, State: <bins>;\\nAction: ", at most max_tokens ids.
+    """[bos] + "Task: <instruction>, State: <bins>;\\nAction: ", at most max_tokens ids (no State part when state
+    is None: the model then reads the continuous state).
 
     A long instruction is cut (its end) so that the state and the "Action: " cue always survive.
     """
     task = " ".join(instruction.strip().replace("_", " ").split())
     head = ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + tokenizer.encode(f"Task: {task}")
-    tail = tokenizer.encode(f", State: {' '.join(map(str, discretize_state(state, num_bins)))};\nAction: ")
+    bins = "" if state is None else f", State: {' '.join(map(str, discretize_state(state, num_bins)))}"
+    tail = tokenizer.encode(f"{bins};\nAction: ")
     room = max_tokens - len(tail)
     if room < 1:
         raise ConfigError(f"the prompt budget of {max_tokens} tokens cannot hold the {len(tail)} tokens of the "

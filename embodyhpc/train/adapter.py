@@ -23,8 +23,10 @@ Choices made here, and why:
   unused dims, but a trimmed real dim is never learned, so the warning names the fix.
 - The chunk length must equal model.action_horizon: a silent trim or pad there would change what the policy
   predicts, so it is refused with the delta_timestamps that fix it.
-- No normalisation yet: state and actions are used as stored (the tokenizer clamps the state to [-1, 1] when it
-  discretises it). Dataset statistics belong to a later data-stats step.
+- The state is model.state_key, normalised with the dataset's statistics when model.state_norm asks for it
+  (embodyhpc.data.normalize; the loop saves the statistics next to the exported weights for evaluation). With
+  model.state_input=prompt it is discretised into the prompt (clamped to [-1, 1]); with expert the model reads the
+  vector. Actions are used as stored (MetaWorld's are already in [-1, 1]); action normalisation is not built yet.
 - No packing in this first version: every sample gets a row of its own (Pi05Batch.rows = None); packing with
   embodyhpc.data.packing against model.max_token_len is a later change to `Pi05Collate` only.
 """
@@ -58,14 +60,23 @@ def camera_keys(item: Mapping[str, Any]) -> list[str]:
     return sorted(key for key in item if key.startswith(IMAGE_PREFIX))
 
 
-def to_pi05_sample(item: Mapping[str, Any], model_cfg: ModelConfig) -> Pi05Sample:
-    """One LeRobot-style item as a training Pi05Sample for the policy described by `model_cfg`."""
+def to_pi05_sample(item: Mapping[str, Any], model_cfg: ModelConfig, normalizer: Any = None) -> Pi05Sample:
+    """One LeRobot-style item as a training Pi05Sample for the policy described by `model_cfg`.
+
+    The state is item[model_cfg.state_key], normalised by `normalizer` (embodyhpc.data.normalize) when given.
+    """
     cameras = camera_keys(item)
     if not cameras:
         raise ValueError(f"the item has no {IMAGE_PREFIX}* keys (keys: {', '.join(sorted(item))}): pi0.5 needs at "
                          "least one camera")
     images = torch.stack([_newest(torch.as_tensor(item[key]), image_ndim=3) for key in cameras])  # [C, 3, H, W]
-    state = _newest(torch.as_tensor(item[STATE_KEY]), image_ndim=1).float()  # [S]
+    key = getattr(model_cfg, "state_key", STATE_KEY)
+    if key not in item:
+        raise ConfigError(f"the dataset has no {key!r} (keys: {', '.join(sorted(item))})", key="model.state_key",
+                          fix="name a vector feature of the dataset")
+    state = _newest(torch.as_tensor(item[key]), image_ndim=1).float()  # [S]
+    if normalizer is not None:
+        state = normalizer(state)
     actions = torch.as_tensor(item[ACTION_KEY]).float()
     horizon = model_cfg.action_horizon
     if actions.ndim != 2 or actions.shape[0] != horizon:
@@ -112,17 +123,19 @@ class Pi05Collate:
     number of cameras, read from the first batch (the same for every item of a dataset).
     """
 
-    def __init__(self, model_cfg: ModelConfig, tokenizer: Any) -> None:
+    def __init__(self, model_cfg: ModelConfig, tokenizer: Any, normalizer: Any = None) -> None:
         self.model_cfg = model_cfg
         self.tokenizer = tokenizer
+        self.normalizer = normalizer
         self._prompt_budget: int | None = None
         self._image_size = shape_for(model_cfg.size).vision.image_size
 
     def __call__(self, items: Sequence[Mapping[str, Any]]) -> Pi05Batch:
-        samples = [to_pi05_sample(item, self.model_cfg) for item in items]
+        samples = [to_pi05_sample(item, self.model_cfg, self.normalizer) for item in items]
         if self._prompt_budget is None:
             self._prompt_budget = max_prompt_tokens(self.model_cfg, samples[0].images.shape[0])
-        batch = collate(samples, self.tokenizer, max_prompt_tokens=self._prompt_budget)
+        batch = collate(samples, self.tokenizer, max_prompt_tokens=self._prompt_budget,
+                        include_state=getattr(self.model_cfg, "state_input", "prompt") == "prompt")
         return replace(batch, images=resize_images(batch.images, self._image_size))
 
 
@@ -140,3 +153,9 @@ def batch_tokens(batch: Pi05Batch, model_cfg: ModelConfig) -> int:
     """Tokens the batch puts through the transformer (image patches of present cameras + prompt + action chunk):
     the count behind the tokens_per_s metric, padding excluded."""
     return sum(batch.token_counts(shape_for(model_cfg.size).vision.num_patches, model_cfg.action_horizon))
+
+
+def batch_token_budget(batch: Pi05Batch, model_cfg: ModelConfig) -> int:
+    """The tokens a packed batch had room for (rows x model.max_token_len, the packer's budget per row); 0 for an
+    unpacked batch (rows None). batch_tokens / this is the packing efficiency the loop logs."""
+    return 0 if batch.rows is None else len(batch.rows) * model_cfg.max_token_len

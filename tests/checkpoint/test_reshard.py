@@ -20,10 +20,9 @@ def test_save_on_two_ranks_loads_bit_identical_on(world_size, saved_on_two_ranks
     assert loaded["rng_restored"] is False, "another world size reseeds instead of restoring"
     for step in (2, 3):
         assert differences(expected[step], loaded[step]) == []
-        assert len(expected[step]["model"]) == 90
-        # 84, not 90: the last layer's VLM query/output/MLP weights never get a gradient (only its keys and
-        # values are read), so AdamW never creates their state; resume must keep them stateless too
-        assert len(expected[step]["optim"]["state"]) == 84
+        # every parameter gets a gradient (the last layer's prefix stream holds only keys/values), so AdamW has
+        # state for each one, and resume restores all of it
+        assert len(expected[step]["optim"]["state"]) == len(expected[step]["model"]) > 0
     # step 2 was saved asynchronously while step 3 changed the parameters: the two must differ
     assert differences(expected[2]["model"], expected[3]["model"]) != []
     assert torch.isfinite(torch.tensor(loaded["loss_after"])), "training goes on after the reshard"

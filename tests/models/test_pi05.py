@@ -10,11 +10,6 @@ import torch
 from embodyhpc.models.pi05 import Pi05Policy
 from tests.models.conftest import ACTION_DIM, HORIZON, make_batch, make_samples
 
-# Parameters that get no gradient, by design: in the last layer nothing reads the prefix stream's output, so
-# the prefix there only provides keys and values (layers.JointLayer).
-LAST_LAYER_KEYS_ONLY = ("q_proj.weight", "o_proj.weight", "mlp_norm.weight", "mlp.gate_proj.weight",
-                        "mlp.up_proj.weight", "mlp.down_proj.weight")
-
 
 def fixed_noise_and_time(num_samples: int, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
@@ -26,10 +21,20 @@ def test_forward_backward(tiny_cfg, tiny_model: Pi05Policy) -> None:
     out = tiny_model(batch, generator=torch.Generator().manual_seed(0))
     assert out.loss.shape == () and out.per_sample_loss.shape == (3,) and torch.isfinite(out.loss)
     out.loss.backward()
+    no_grad = [name for name, p in tiny_model.named_parameters() if p.grad is None]
+    assert no_grad == []  # every parameter is used: FSDP gathers nothing the step does not need
+    assert all(torch.isfinite(p.grad).all() for p in tiny_model.parameters())
+    nonzero = {name for name, p in tiny_model.named_parameters() if p.grad.abs().sum() > 0}
     last = len(tiny_model.layers) - 1
-    no_grad = {name for name, p in tiny_model.named_parameters() if p.grad is None}
-    assert no_grad == {f"layers.{last}.vlm.{key}" for key in LAST_LAYER_KEYS_ONLY}
-    assert all(torch.isfinite(p.grad).all() for p in tiny_model.parameters() if p.grad is not None)
+    assert {f"layers.{last}.vlm.k_proj.weight", f"layers.{last}.vlm.v_proj.weight",
+            f"layers.{last}.vlm.attn_norm.weight", f"layers.{last}.expert.mlp_norm.modulation.weight"} <= nonzero
+
+
+def test_last_layer_prefix_stream_holds_keys_and_values_only(tiny_model: Pi05Policy) -> None:
+    *inner, last = tiny_model.layers
+    assert {name for name, _ in last.vlm.named_parameters()} == {"attn_norm.weight", "k_proj.weight",
+                                                                   "v_proj.weight"}
+    assert all(hasattr(layer.vlm, "q_proj") and hasattr(layer.vlm, "mlp") for layer in inner)
 
 
 def test_overfits_one_batch(tiny_cfg, tiny_model: Pi05Policy) -> None:
@@ -60,6 +65,38 @@ def test_packing_gives_each_sample_the_loss_it_has_alone(tiny_cfg, tiny_model: P
             batch = padded.with_rows(rows) if rows != [[0, 1]] else padded.select([0, 1]).with_rows(rows)
             got = tiny_model(batch, noise=noise[:batch.num_samples], time=time[:batch.num_samples]).per_sample_loss
             torch.testing.assert_close(got, alone[:batch.num_samples], atol=1e-5, rtol=1e-5)
+
+
+def test_rows_of_uneven_stream_lengths_give_each_sample_its_loss(tiny_cfg, tiny_model: Pi05Policy) -> None:
+    """The longest joint row (one long sample) holds the fewest action tokens, and the reverse: the flat streams,
+    the rows of attention and their padding must still keep every sample to itself, cached inference included."""
+    samples = [dataclasses.replace(s, state=s.state[:1]) for s in make_samples(4)]  # short state prompts
+    samples[0] = dataclasses.replace(samples[0], instruction="pick up the cup " * 8)  # long: 2 cameras, long prompt
+    for i in (1, 2, 3):  # short: one camera
+        samples[i] = dataclasses.replace(samples[i], image_mask=torch.tensor([True, False]))
+    noise, time = fixed_noise_and_time(4)
+    padded = make_batch(tiny_cfg, samples)
+    packed = padded.with_rows([[0], [1, 3], [2]])
+    plan = tiny_model.token_plan(packed)
+    prefix_rows, action_rows = (plan.prefix_segments != -1).sum(1), (plan.suffix_segments != -1).sum(1)
+    assert prefix_rows[0] > prefix_rows[1] and action_rows[0] < action_rows[1]
+    useful = sum(padded.token_counts(tiny_model.shape.vision.num_patches, HORIZON))
+    flat = plan.prefix_source.shape[1] + plan.suffix_source.shape[1]
+    assert useful <= flat < useful + 2 * 16  # the per-token layers compute no row padding
+    with torch.no_grad():
+        alone = torch.cat([tiny_model(padded.select([i]), noise=noise[i:i + 1], time=time[i:i + 1]).per_sample_loss
+                           for i in range(4)])
+        got = tiny_model(packed, noise=noise, time=time).per_sample_loss
+    torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
+    cached = tiny_model.sample_actions(packed, num_steps=3, generator=torch.Generator().manual_seed(1))
+    full = tiny_model.sample_actions(packed, num_steps=3, generator=torch.Generator().manual_seed(1),
+                                     use_kv_cache=False)
+    torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
+    for backend in ("sdpa_reference", "sdpa_segments"):
+        tiny_model.attention_backend = backend
+        with torch.no_grad():
+            torch.testing.assert_close(tiny_model(packed, noise=noise, time=time).per_sample_loss, alone,
+                                       atol=1e-5, rtol=1e-5)
 
 
 def test_packed_and_padded_gradients_agree(tiny_cfg, tiny_model: Pi05Policy) -> None:

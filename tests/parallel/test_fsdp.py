@@ -13,7 +13,7 @@ from tests.parallel.workers import assemble
 
 LOSS_ATOL = 5e-6  # fp32 over 3 AdamW steps (measured: <= 1.2e-7; the data-parallel sums round differently)
 GRAD_ATOL = 1e-6  # measured 6e-8
-PARAM_ATOL = 1e-5  # AdamW divides by sqrt(v): tiny gradient differences move near-zero-gradient weights by ~lr*1e-3
+PARAM_ATOL = 5e-5  # AdamW divides by sqrt(v): tiny gradient differences move near-zero-gradient weights by ~lr*1e-3
 BF16_LOSS_RTOL = 1e-2  # bf16 parameters and activations, fp32 reduce (measured: <= 3e-4 relative)
 
 

@@ -15,7 +15,8 @@ def build_pi05(model_cfg, precision_cfg=None) -> Pi05Policy:
     """A Pi05Policy from the recipe's `model` section (and `precision` for fp8), on the current default device:
     build under `torch.device("meta")` for large sizes, then `to_empty(...)` and `init_weights()`."""
     model = Pi05Policy(shape_for(model_cfg.size), action_horizon=model_cfg.action_horizon,
-                       action_dim=model_cfg.action_dim, attention_backend=model_cfg.attention_backend)
+                       action_dim=model_cfg.action_dim, attention_backend=model_cfg.attention_backend,
+                       state_dim=model_cfg.state_dim if getattr(model_cfg, "state_input", "prompt") == "expert" else 0)
     if precision_cfg is not None and precision_cfg.mode == "fp8":
         from embodyhpc.models.fp8 import convert_to_fp8
 

@@ -89,11 +89,14 @@ class Pi05Batch:
 
 
 def collate(samples: list[Pi05Sample], tokenizer: Tokenizer, *, max_prompt_tokens: int, num_state_bins: int = 256,
-            rows: list[list[int]] | None = None) -> Pi05Batch:
-    """Tokenize prompts (instruction + discretised state) and stack samples; a DataLoader collate_fn body."""
+            rows: list[list[int]] | None = None, include_state: bool = True) -> Pi05Batch:
+    """Tokenize prompts (instruction + discretised state) and stack samples; a DataLoader collate_fn body.
+
+    include_state=False leaves the state out of the prompt (model.state_input=expert: the model reads batch.state).
+    """
     if not samples:
         raise ValueError("no samples to collate")
-    prompts = [encode_prompt(tokenizer, s.instruction, s.state, max_tokens=max_prompt_tokens,
+    prompts = [encode_prompt(tokenizer, s.instruction, s.state if include_state else None, max_tokens=max_prompt_tokens,
                              num_bins=num_state_bins) for s in samples]
     lengths = torch.tensor([len(p) for p in prompts])
     prompt_ids = torch.full((len(samples), int(lengths.max())), tokenizer.pad_id, dtype=torch.long)

@@ -62,7 +62,7 @@ def _generator_device(generator: torch.Generator | None, device) -> torch.device
 
 class Pi05Policy(nn.Module):
     def __init__(self, shape: Pi05Shape, *, action_horizon: int, action_dim: int,
-                 attention_backend: str = "auto") -> None:
+                 attention_backend: str = "auto", state_dim: int = 0) -> None:
         super().__init__()
         self.shape = shape
         self.action_horizon, self.action_dim = action_horizon, action_dim
@@ -71,12 +71,17 @@ class Pi05Policy(nn.Module):
         self.vision = VisionTower(shape.vision)
         self.vision_projector = nn.Linear(shape.vision.width, vlm_width)
         self.embed_tokens = nn.Embedding(shape.vocab_size, vlm_width)
-        self.layers = nn.ModuleList(JointLayer(shape) for _ in range(shape.depth))
+        # The last layer's prefix stream only provides keys/values (JointLayer): its VLM block has no q/o/MLP.
+        self.layers = nn.ModuleList(JointLayer(shape, prefix_output=i < shape.depth - 1) for i in range(shape.depth))
         self.action_in = nn.Linear(action_dim, expert_width)
         self.time_mlp_in = nn.Linear(expert_width, expert_width)
         self.time_mlp_out = nn.Linear(expert_width, expert_width)
-        self.final_norm = AdaRMSNorm(expert_width, expert_width, shape.norm_eps)
+        self.final_norm = AdaRMSNorm(expert_width, expert_width, shape.norm_eps, gated=False)  # no branch to gate
         self.action_out = nn.Linear(expert_width, action_dim)
+        # model.state_input=expert: the continuous state, projected and added to every action token (pi0 feeds its
+        # state to the expert too, as one more token); the prompt then carries no state
+        self.state_dim = state_dim
+        self.state_in = nn.Linear(state_dim, expert_width) if state_dim else None
         self.init_weights()
 
     # ---- declared for parallel/: no distributed code here ----
@@ -100,9 +105,11 @@ class Pi05Policy(nn.Module):
             elif isinstance(module, RMSNorm):
                 nn.init.zeros_(module.weight)
         for module in self.modules():
-            if isinstance(module, AdaRMSNorm):  # start as a plain RMSNorm; time modulation is learned
+            if isinstance(module, AdaRMSNorm):  # start as a plain RMSNorm and residual; time modulation is learned
                 nn.init.zeros_(module.modulation.weight)
                 nn.init.zeros_(module.modulation.bias)
+                if module.gated:  # gate = 1 (openpi zero-initialises it, adaLN-Zero: a choice of init only)
+                    nn.init.ones_(module.modulation.bias[2 * module.dim:])
         nn.init.normal_(self.vision.position_embedding, std=0.02)
 
     # ---- training ----
@@ -143,10 +150,10 @@ class Pi05Policy(nn.Module):
         """v(x_t, t) [N, H, A] with the full model (prefix recomputed)."""
         plan = plan if plan is not None else self.token_plan(batch)
         ctx = self._context(plan, time)
-        prefix, suffix = self._embed_prefix(batch, plan), self._embed_suffix(noisy_actions, plan)
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            prefix, suffix, _ = layer(prefix, suffix, ctx=ctx, prefix_queries=i < last)
+        prefix = self._embed_prefix(batch, plan)
+        suffix = self._embed_suffix(noisy_actions, plan, self.state_embedding(batch))
+        for layer in self.layers:
+            prefix, suffix, _ = layer(prefix, suffix, ctx=ctx)
         return self._actions_out(suffix, ctx.cond, plan)
 
     # ---- inference ----
@@ -164,13 +171,14 @@ class Pi05Policy(nn.Module):
         x = x.float()
         plan = self.token_plan(batch)
         cache = self.prefix_cache(batch, plan) if use_kv_cache else None
+        state = self.state_embedding(batch)
         dt = -1.0 / num_steps
         for step in range(num_steps):
             time = torch.full((batch.num_samples,), 1.0 + step * dt, device=device)
             if cache is None:
                 velocity = self.predict_velocity(batch, x, time, plan=plan)
             else:
-                velocity = self.velocity_from_cache(cache, x, time, plan)
+                velocity = self.velocity_from_cache(cache, x, time, plan, state=state)
             x = x + dt * velocity
         return x
 
@@ -178,16 +186,17 @@ class Pi05Policy(nn.Module):
         """Keys and values of the prefix in every layer (rotary applied)."""
         ctx = self._context(plan, None)
         prefix = self._embed_prefix(batch, plan)
-        cache, last = [], len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            prefix, _, kv = layer(prefix, None, ctx=ctx, prefix_queries=i < last)
+        cache = []
+        for layer in self.layers:
+            prefix, _, kv = layer(prefix, None, ctx=ctx)
             cache.append(kv)
         return cache
 
     def velocity_from_cache(self, cache: list[KeyValue], noisy_actions: torch.Tensor, time: torch.Tensor,
-                            plan: TokenPlan) -> torch.Tensor:
+                            plan: TokenPlan, *, state: torch.Tensor | None = None) -> torch.Tensor:
+        """`state`: state_embedding(batch) when the model reads a continuous state (computed once per batch)."""
         ctx = self._context(plan, time)
-        suffix = self._embed_suffix(noisy_actions, plan)
+        suffix = self._embed_suffix(noisy_actions, plan, state)
         for layer, kv in zip(self.layers, cache, strict=True):
             _, suffix, _ = layer(None, suffix, ctx=ctx, cached_kv=kv)
         return self._actions_out(suffix, ctx.cond, plan)
@@ -222,11 +231,28 @@ class Pi05Policy(nn.Module):
         source = torch.cat([patches, text.to(patches.dtype), patches.new_zeros(1, patches.shape[-1])])
         return source[plan.prefix_source]
 
-    def _embed_suffix(self, noisy_actions: torch.Tensor, plan: TokenPlan) -> torch.Tensor:
-        tokens = self.action_in(noisy_actions.to(self.action_in.weight.dtype)).flatten(0, 1)  # [N*H, width]
+    def state_embedding(self, batch: Pi05Batch) -> torch.Tensor | None:
+        """[N, expert width] from batch.state (zero-padded to state_dim), or None when the state is in the prompt."""
+        if self.state_in is None:
+            return None
+        if batch.state is None:
+            raise ValueError("this model reads the continuous state (model.state_input=expert): batch.state is None")
+        state = batch.state.float()
+        if state.shape[-1] > self.state_dim:
+            raise ValueError(f"the state has {state.shape[-1]} dims, model.state_dim is {self.state_dim}: raise "
+                             "model.state_dim")
+        state = nn.functional.pad(state, (0, self.state_dim - state.shape[-1]))
+        return self.state_in(state.to(self.state_in.weight.dtype))
+
+    def _embed_suffix(self, noisy_actions: torch.Tensor, plan: TokenPlan,
+                      state: torch.Tensor | None = None) -> torch.Tensor:
+        tokens = self.action_in(noisy_actions.to(self.action_in.weight.dtype))  # [N, H, width]
+        if state is not None:
+            tokens = tokens + state[:, None, :].to(tokens.dtype)
+        tokens = tokens.flatten(0, 1)  # [N*H, width]
         return torch.cat([tokens, tokens.new_zeros(1, tokens.shape[-1])])[plan.suffix_source]
 
     def _actions_out(self, suffix: torch.Tensor, cond: TimeCondition, plan: TokenPlan) -> torch.Tensor:
-        x = self.final_norm(suffix, cond).flatten(0, 1)[plan.action_slots]
+        x = self.final_norm(suffix, cond)[0].flatten(0, 1)[plan.action_slots]
         x = x.view(plan.num_samples, self.action_horizon, -1)
         return self.action_out(x).float()

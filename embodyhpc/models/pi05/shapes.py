@@ -3,7 +3,8 @@
 full follows the published design: a PaliGemma backbone (SigLIP So400m/14 at 224 px, Gemma-2B decoder: width 2048,
 18 layers, 8 query heads and 1 key/value head of 256, GeGLU MLP 16384, vocabulary 257152) and a Gemma-300M-class
 action expert (width 1024, MLP 4096) with the same depth and attention geometry, since both streams attend jointly
-in every layer. Expected parameter count: ~3.3B (tests/models/test_pi05_full.py prints the split).
+in every layer. Expected parameter count: ~3.3B (tests/models/test_pi05_full.py prints the split): 3.24B built,
+since the last layer's VLM q/o/MLP are not (layers.JointLayer); 3.35B in the published layout (weights.py).
 """
 
 from __future__ import annotations
