@@ -31,8 +31,16 @@ slurm-up: system-deps
 slurm-down:
 	bash tools/slurm-local.sh stop
 
+DEMO_DATA := runs/demo-data/metaworld-mt4
+DEMO_TASKS := reach-v3,button-press-topdown-v3,drawer-open-v3,door-open-v3
+
+# the closed loop on this machine: expert demonstrations -> 2-process FSDP2 training -> sharded evaluation
+# against expert and random -> report + MLflow (recipes/demo_metaworld_cpu.yaml)
 demo: setup
-	$(VENV)/bin/embodyhpc submit recipes/demo_metaworld_cpu.yaml --local
+	@test -f $(DEMO_DATA)/meta/info.json || $(VENV)/bin/embodyhpc data synth --out $(DEMO_DATA) \
+		--tasks $(DEMO_TASKS) --episodes 25 --image-size 32 --workers 2
+	MLFLOW_DISABLE_TELEMETRY=true $(VENV)/bin/embodyhpc submit recipes/demo_metaworld_cpu.yaml --local \
+		data.root=$(CURDIR)/$(DEMO_DATA)
 
 test: setup slurm-up
 	$(PY) -m pytest -q

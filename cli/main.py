@@ -120,6 +120,8 @@ def submit(
         return
     say = (lambda msg: typer.echo(msg, err=True)) if as_json else typer.echo
     info = submitting.submit(loaded, _python(loaded), local=local, progress=say)
+    if info.backend == "local":  # the chain has run: show where it got
+        say(submitting.local_summary(Path(info.run_dir)))
     if as_json:
         import dataclasses
         import json

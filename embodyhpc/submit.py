@@ -71,6 +71,7 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
     from embodyhpc.slurm import commands
 
     check_environment(loaded, dict(os.environ), progress)
+    loaded = absolute_paths(loaded)
 
     backend = "local"
     if not local:
@@ -102,6 +103,20 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
     for kind in kinds:  # the scripts a cluster would get, for reference
         (run_dir / "scripts" / f"{kind}.sbatch").write_text(render_job(loaded, kind, run_dir, python))
     return run_local_chain(loaded, run_dir, info, progress=progress, eval_only=eval_only)
+
+
+def absolute_paths(loaded: LoadedRecipe) -> LoadedRecipe:
+    """Relative data.root and eval.weights mean "from where I submit": jobs start elsewhere, so the resolved
+    config every job reads holds absolute paths."""
+    cfg = loaded.config
+    data, ev = cfg.data, cfg.eval
+    if data.root and not Path(data.root).expanduser().is_absolute():
+        data = dataclasses.replace(data, root=str(Path(data.root).expanduser().resolve()))
+    if ev.weights and not Path(ev.weights).expanduser().is_absolute():
+        ev = dataclasses.replace(ev, weights=str(Path(ev.weights).expanduser().resolve()))
+    if data is cfg.data and ev is cfg.eval:
+        return loaded
+    return dataclasses.replace(loaded, config=dataclasses.replace(cfg, data=data, eval=ev))
 
 
 def _create_mlflow_run(loaded: LoadedRecipe, run_dir: Path, progress: Progress) -> str | None:
@@ -168,6 +183,24 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
             lines.append(f"  success {policy:<8} {text}" + (f" at step {step}" if policy == "trained" and step
                                                              else ""))
     return "\n".join(lines) + "\n"
+
+
+def local_summary(run_dir: Path) -> str:
+    """After a local chain: the job states, the success table and where to look next."""
+    from embodyhpc.launch.report import SUMMARY_FILE, TABLE_FILE
+
+    lines = [status_report(run_dir).rstrip("\n")]
+    table = Path(run_dir) / TABLE_FILE
+    if table.is_file():
+        lines += ["", table.read_text().rstrip("\n"), "", f"summary: {Path(run_dir) / SUMMARY_FILE}"]
+    info = RunInfo.load(run_dir)
+    if info.mlflow_run_id:
+        from embodyhpc.config.load import load_resolved
+        from embodyhpc.tracking.mlflow_run import tracking_uri, ui_hint
+
+        config = load_resolved(run_dir)
+        lines.append(f"MLflow run {info.mlflow_run_id}: {ui_hint(tracking_uri(config.tracking, config.job.runs_root))}")
+    return "\n".join(lines)
 
 
 def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iterator[str]:

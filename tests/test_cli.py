@@ -30,7 +30,7 @@ def test_validate_prints_the_job_shape(cli):
 
 
 def test_render_all_jobs(cli, tmp_path):
-    result = cli("render", "demo_metaworld_cpu", "--run-dir", str(tmp_path / "r"))
+    result = cli("render", "smoke_cpu", "--run-dir", str(tmp_path / "r"))
     assert result.code == 0, result.err
     assert [line for line in result.out.splitlines() if line.startswith("# =====")] == [
         "# ===== train.sbatch =====", "# ===== eval.sbatch =====", "# ===== report.sbatch ====="]
@@ -38,12 +38,12 @@ def test_render_all_jobs(cli, tmp_path):
 
 
 def test_render_without_eval(cli, tmp_path):
-    result = cli("render", "demo_metaworld_cpu", "eval.enabled=false", "--run-dir", str(tmp_path))
+    result = cli("render", "smoke_cpu", "eval.enabled=false", "--run-dir", str(tmp_path))
     assert result.code == 0 and "eval.sbatch" not in result.out and result.out.count("#!/bin/bash") == 2
 
 
 def test_dry_run_creates_and_submits_nothing(cli, runs_root):
-    result = cli("submit", "demo_metaworld_cpu", "--dry-run", f"job.runs_root={runs_root}")
+    result = cli("submit", "smoke_cpu", "--dry-run", f"job.runs_root={runs_root}")
     assert result.code == 0, result.err
     assert "nothing submitted" in result.out
     assert "# sbatch --dependency=afterok:<train> --kill-on-invalid-dep=yes" in result.out
@@ -89,7 +89,7 @@ def test_doctor_json_on_this_node(cli):
 
 def test_environment_contradicting_the_network_profile_is_refused(cli, runs_root, monkeypatch):
     monkeypatch.setenv("NCCL_IB_HCA", "mlx5_9:1")
-    result = cli("submit", "demo_metaworld_cpu", "--local", f"job.runs_root={runs_root}", "network.fabric=ib",
+    result = cli("submit", "smoke_cpu", "--local", f"job.runs_root={runs_root}", "network.fabric=ib",
                  "network.hcas=[mlx5_0:1]")
     assert result.code == 2 and "NCCL_IB_HCA='mlx5_9:1'" in result.err and "network.extra_env.NCCL_IB_HCA" in result.err
     assert list(runs_root.iterdir()) == []
@@ -99,7 +99,7 @@ def test_environment_agreeing_or_extra_is_logged_not_refused(cli, runs_root, mon
     from embodyhpc.config.load import load_recipe
     from embodyhpc.submit import check_environment
 
-    loaded = load_recipe("demo_metaworld_cpu")
+    loaded = load_recipe("smoke_cpu")
     notes: list[str] = []
     check_environment(loaded, {"NCCL_DEBUG": "WARN", "NCCL_ALGO": "Ring", "PATH": "/bin"}, notes.append)
     assert notes == ["note: jobs inherit from your environment NCCL_ALGO=Ring"]

@@ -38,7 +38,7 @@ def test_wheel_installs_in_fresh_venv_and_lists_recipes(tmp_path):
     cli = str(env_dir / "bin" / "embodyhpc")
     listing = subprocess.run([cli, "recipes", "list"], cwd=elsewhere, capture_output=True, text=True, timeout=60)
     assert listing.returncode == 0, listing.stderr
-    assert "demo_metaworld_cpu" in listing.stdout and "pi05_fp8" in listing.stdout
+    assert "smoke_cpu" in listing.stdout and "pi05_fp8" in listing.stdout
     assert "example_ib" in listing.stdout and "local" in listing.stdout
     rendered = subprocess.run([cli, "render", "pi05_fp8", "--site", "example_roce", "data.root=/d", TOK,
                                "site.account=a", "--job", "eval"], cwd=elsewhere, capture_output=True, text=True,
@@ -50,7 +50,7 @@ def test_wheel_installs_in_fresh_venv_and_lists_recipes(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--help"], ["render", "pi05_fp8", "data.root=/d", TOK], ["recipes", "list"],
-                                  ["validate", "demo_metaworld_cpu"]])
+                                  ["validate", "smoke_cpu"]])
 def test_cli_paths_never_import_torch_or_submitit(args):
     code = ("import sys; from embodyhpc.cli.main import main; sys.argv=['embodyhpc', *sys.argv[1:]]\n"
             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"

@@ -334,6 +334,9 @@ class TrackingConfig:
     """Tracking URI (site profiles set it); default: sqlite file under the runs root."""
     experiment: str | None = None
     """MLflow experiment; default: job.experiment."""
+    telemetry_interval_s: float = 10.0
+    """Each node samples its GPUs and host (utilisation, memory, power, temperature, throttling) into the training
+    run every this many seconds; 0 turns it off."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ never averages silently over fewer episodes than planned: missing shards, missin
 run are recorded as such. Outputs, under eval/:
 
     report.json     outcome (complete | incomplete | train_failed), why, job states, the aggregated results
-    report.md       the markdown summary (also logged to MLflow)
+    report.md       the markdown summary (also logged to MLflow); report.txt the plain table `submit` prints
     plots/          task_success.png (bars per task and policy), success_vs_step.png (every report of the run)
     history.jsonl   one line per report: checkpoint step and each policy's overall rate and interval
 
@@ -28,6 +28,7 @@ from embodyhpc.rundir import RunInfo, write_json_atomic
 
 REPORT_FILE = "eval/report.json"
 SUMMARY_FILE = "eval/report.md"
+TABLE_FILE = "eval/report.txt"
 HISTORY_FILE = "eval/history.jsonl"
 PLOTS_DIR = "eval/plots"
 
@@ -43,7 +44,7 @@ def report_task(run_dir: str) -> dict:
     shards = plan(config)
     states = {s.kind: s for s in chain_status(info) if s.kind != "report"}
     train = states.get("train")
-    trained = (run / RESULT_FILE).is_file() or "train" not in info.jobs  # an eval-only run trains nothing
+    trained = _trained(run, info)
     policies = policy_names(config)
 
     missing_shards = sorted({shard for shard in range(len(shards)) for name in policies
@@ -53,7 +54,9 @@ def report_task(run_dir: str) -> dict:
                         policies=policies)
     step = _checkpoint_step(files)
 
-    if not trained:
+    if "eval" not in info.jobs:  # eval.enabled: false
+        why, outcome = "no evaluation (eval.enabled is false)", "complete" if trained else "train_failed"
+    elif not trained:
         why = f"training did not finish (state {train.state if train else 'unknown'}"
         why += f", exit {train.exit_code})" if train and train.exit_code is not None else ")"
         outcome = "train_failed"
@@ -82,11 +85,21 @@ def report_task(run_dir: str) -> dict:
     outputs = _write_outputs(run, report, results, step)
     write_json_atomic(run / REPORT_FILE, report)
     print(f"report: {outcome}: {why}", flush=True)
-    print(format_table(results), flush=True)
+    table = format_table(results)
+    (run / TABLE_FILE).write_text(table + "\n")
+    print(table, flush=True)
     if config.tracking.enabled and info.mlflow_run_id:
         report["mlflow_child_run_id"] = _log_to_mlflow(config, info, report, outputs, step, run)
         write_json_atomic(run / REPORT_FILE, report)
     return report
+
+
+def _trained(run: Path, info: RunInfo) -> bool:
+    """Training finished (an eval-only run has nothing to wait for); a result that says it failed does not count."""
+    if "train" not in info.jobs:
+        return True
+    path = run / RESULT_FILE
+    return path.is_file() and json.loads(path.read_text()).get("status", "completed") == "completed"
 
 
 def headline(results: Any) -> dict[str, Any]:

@@ -5,21 +5,39 @@ trains the recipe's policy with the FSDP2 loop of embodyhpc.train (DCP checkpoin
 With `data.format: synthetic` it runs a small real stand-in instead: a data-parallel least-squares model
 whose gradients are averaged with all_reduce over gloo and whose progress is checkpointed, so the launch
 path (rank discovery across nodes, rendezvous, collectives, requeue and resume) is exercised in seconds.
+
+Preemption and time limits (both loops): the sbatch script asks Slurm for SIGUSR2 `resources.signal_delay_s`
+before the limit. From the start of `train_task`, SIGUSR2 and SIGTERM only set a flag on the rank that gets them
+(embodyhpc.train.preempt.StopSignal, in place of submitit's handler, which would run the save on rank 0 alone);
+at the next step boundary all ranks agree on it, stop at the same step and save it together (blocking). Then:
+- SIGUSR2, fewer than `resources.max_requeues` restarts so far: rank 0 requeues the job once (`scontrol requeue`;
+  under submitit's local executor, the exit code asks it to restart the tasks) and every rank exits with
+  preempt.Requeued (no result file: submitit treats the attempt as requeued, and sacct shows REQUEUED). The next
+  attempt resumes at exactly the saved step.
+- SIGUSR2 with the retry limit reached (or a failed requeue): the job fails with TrainingStopped, whose message
+  (which step was saved, how many restarts, which key to raise) is in the log and in logs/train_result.json.
+- SIGTERM (Slurm ends the job: cancel, or preemption it handles itself): saved, not requeued by us; every rank
+  exits with preempt.Stopped (no result file) and the job's state is whatever Slurm makes it.
+Every attempt that stops appends one line to logs/train_attempts.jsonl (rank 0).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 from embodyhpc.config.load import load_resolved
 from embodyhpc.config.schema import CheckpointConfig, Config, DataConfig, StagingConfig, TrainConfig
-from embodyhpc.launch import distributed
+from embodyhpc.launch import distributed, observe
 from embodyhpc.rundir import write_json_atomic
+from embodyhpc.train.preempt import Requeued, Stopped, StopSignal
 
 RESULT_FILE = "logs/train_result.json"
+ATTEMPTS_FILE = "logs/train_attempts.jsonl"
 STATE_FILE = "checkpoints/spine-state.pt"
 _DIM = 16
 _HOST_BYTES = 64
@@ -43,29 +61,125 @@ def prepare_data(data: DataConfig, staging: StagingConfig, local_rank: int) -> s
     return str(dest)
 
 
+class TrainingStopped(RuntimeError):
+    """The job stopped for a time limit or preemption and was not requeued (the message says why and what to do)."""
+
+
 def train_task(run_dir: str) -> dict:
     """Every rank: stage data, join the process group, train, and (rank 0) write the result file.
 
     A recipe with a dataset trains its policy with the FSDP2 loop (embodyhpc.train); `data.format: synthetic`
     runs the small data-parallel stand-in below, which exercises the same launch path in seconds.
+    A stop signal ends the attempt early (see the module doc): requeued (Requeued) or failed (TrainingStopped).
     """
     config = load_resolved(run_dir)
     dist_env = distributed.from_job_environment()
+    # Installed for the rest of the process on purpose: with submitit's handler back after we return, a late
+    # SIGUSR2 would make its rank 0 requeue a job that has already finished training.
+    stop = StopSignal().install()
+    observe.preflight(Path(run_dir), config, dist_env.local_rank)  # a bad node fails here, naming itself
     data_root = prepare_data(config.data, config.staging, dist_env.local_rank)
-    with distributed.process_group(dist_env, backend="gloo"):
-        hostnames = _gather_hostnames(dist_env.world_size)
-        if data_root is None:
-            result = _spine_loop(dist_env, config.train, config.checkpoint, Path(run_dir))
-        else:
-            result = _train_policy(config, Path(run_dir), data_root, dist_env)
-    result.update(data_root=data_root, hostnames=hostnames, world_size=dist_env.world_size,
-                  restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")), job_id=dist_env.job_id)
+    tracking = observe.RunTracking(config, Path(run_dir), rank=dist_env.rank, local_rank=dist_env.local_rank)
+    with tracking.attempt():
+        with distributed.process_group(dist_env, backend="gloo"):
+            hostnames = _gather_hostnames(dist_env.world_size)
+            if data_root is None:
+                result = _spine_loop(dist_env, config.train, config.checkpoint, Path(run_dir), stop)
+                tracking.log_final(result["steps"], {"final_loss": result["final_loss"]})
+            else:
+                result = _train_policy(config, Path(run_dir), data_root, dist_env, stop, tracking.sinks())
+            stopped = None
+            if result["stopped_by"] is not None:  # the same on every rank: the loops agree on it
+                stopped = _after_stop(result, config.resources.max_requeues, Path(run_dir), dist_env)
+        result.update(data_root=data_root, hostnames=hostnames, world_size=dist_env.world_size,
+                      restart_count=_restart_count(Path(run_dir), dist_env.job_id), job_id=dist_env.job_id)
+        if stopped is not None:
+            _end_stopped_attempt(stopped, result, Path(run_dir), dist_env.rank)
+    result["status"] = "completed"
     if dist_env.rank == 0:
         write_json_atomic(Path(run_dir) / RESULT_FILE, result)
     return result
 
 
-def _train_policy(config: Config, run_dir: Path, data_root: str, dist_env: distributed.DistEnv) -> dict:
+# ---- after a stop signal ----
+def _restart_count(run_dir: Path, job_id: str) -> int:
+    """How often this job was restarted so far: Slurm counts every requeue (ours, an admin's, a node failure's);
+    submitit's local executor counts nothing, so there it is the requeues this job recorded in ATTEMPTS_FILE."""
+    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    path = run_dir / ATTEMPTS_FILE
+    if not path.is_file():
+        return 0
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sum(1 for r in records if r.get("job_id") == job_id and r.get("outcome") == "requeued")
+
+
+def _after_stop(result: dict, max_requeues: int, run_dir: Path, dist_env: distributed.DistEnv) -> dict[str, Any]:
+    """Every rank, inside the process group, after the loop saved the stop step: rank 0 decides (and requeues),
+    then one broadcast gives every rank the same outcome."""
+    import torch.distributed as dist
+
+    decision: list[Any] = [None]
+    if dist_env.rank == 0:
+        try:
+            decision[0] = _decide_and_requeue(result, max_requeues, run_dir, dist_env.job_id)
+        except Exception as exc:  # noqa: BLE001 - the other ranks wait in the broadcast below: always reach it
+            decision[0] = {"outcome": "failed", "message": f"stopped by {result['stopped_by']} at step "
+                                                           f"{result['stopped_at_step']}, then rank 0 failed: {exc!r}"}
+    dist.broadcast_object_list(decision, src=0)
+    return decision[0]
+
+
+def _decide_and_requeue(result: dict, max_requeues: int, run_dir: Path, job_id: str) -> dict[str, Any]:
+    """Rank 0 only (no collectives): requeue once if allowed, and record the attempt."""
+    signal_name, step = result["stopped_by"], result["stopped_at_step"]
+    restarts = _restart_count(run_dir, job_id)
+    on_slurm = os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+    saved = f"stopped by {signal_name} at step {step} (checkpoint saved)"
+    if signal_name != "SIGUSR2":
+        outcome, message = "stopped", f"{saved}; Slurm is ending the job, embodyhpc does not requeue it"
+    elif restarts >= max_requeues:
+        outcome = "failed"
+        message = (f"{saved} and not requeued: the job was already restarted {restarts} time(s) and "
+                   f"resources.max_requeues={max_requeues} (raise it, or resources.time so that fewer restarts are "
+                   f"needed); the checkpoint of step {step} stays under {run_dir / 'checkpoints'}")
+    else:
+        outcome, message = "requeued", f"{saved}; requeued (restart {restarts + 1} of at most {max_requeues})"
+        if on_slurm:
+            from embodyhpc.errors import SlurmError
+            from embodyhpc.slurm import commands
+
+            try:
+                commands.requeue(job_id)
+            except SlurmError as exc:
+                outcome, message = "failed", f"{saved} but the requeue failed: {exc}"
+    print(f"train: {message}", flush=True)
+    record = {"job_id": job_id, "restart_count": restarts, "outcome": outcome, "signal": signal_name,
+              "step": step, "resumed_from_step": result.get("resumed_from_step"), "message": message}
+    try:
+        path = run_dir / ATTEMPTS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError as exc:  # the record is for people and the local restart count; the decision stands
+        print(f"train: could not record the attempt in {ATTEMPTS_FILE}: {exc}", flush=True)
+    return {"outcome": outcome, "message": message}
+
+
+def _end_stopped_attempt(stopped: dict[str, Any], result: dict, run_dir: Path, rank: int) -> None:
+    """Every rank, after the process group is gone: leave as requeued, or fail saying why."""
+    if stopped["outcome"] == "requeued":
+        raise Requeued(stopped["message"])
+    if stopped["outcome"] == "stopped":  # SIGTERM: Slurm cancels or requeues the job itself; no result of ours
+        raise Stopped(stopped["message"])
+    result.update(status="failed", error=stopped["message"])
+    if rank == 0:
+        write_json_atomic(run_dir / RESULT_FILE, result)
+    raise TrainingStopped(stopped["message"])
+
+
+def _train_policy(config: Config, run_dir: Path, data_root: str, dist_env: distributed.DistEnv,
+                  stop: StopSignal, extra_sinks: list) -> dict:
     import dataclasses
 
     from embodyhpc.config.resolve import resolve
@@ -75,9 +189,10 @@ def _train_policy(config: Config, run_dir: Path, data_root: str, dist_env: distr
     out = train(data=dataclasses.replace(config.data, root=data_root), model_cfg=config.model,
                 precision=config.precision, parallelism=config.parallelism, train_cfg=config.train,
                 checkpoint=config.checkpoint, resolved=resolve(config), run_dir=run_dir, dist_env=dist_env,
-                device="cpu", config_yaml=(run_dir / RESOLVED_YAML).read_text())
+                device="cpu", config_yaml=(run_dir / RESOLVED_YAML).read_text(), stop=stop, extra_sinks=extra_sinks)
     return {"mode": "policy", "resumed_from_step": out.start_step, "steps": out.final_step,
-            "last_metrics": out.last_metrics, "export_path": str(out.export_path) if out.export_path else None}
+            "last_metrics": out.last_metrics, "export_path": str(out.export_path) if out.export_path else None,
+            "stopped_by": out.stopped_by, "stopped_at_step": out.final_step if out.stopped_by else None}
 
 
 def _gather_hostnames(world: int) -> list[str]:
@@ -94,7 +209,7 @@ def _gather_hostnames(world: int) -> list[str]:
 
 
 def _spine_loop(dist_env: distributed.DistEnv, train: TrainConfig, ckpt: CheckpointConfig,
-                run_dir: Path) -> dict:
+                run_dir: Path, stop: StopSignal) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -117,6 +232,7 @@ def _spine_loop(dist_env: distributed.DistEnv, train: TrainConfig, ckpt: Checkpo
     per_rank = max(train.global_batch_size // world, 1)
     t0 = time.monotonic()
     loss = torch.tensor(0.0)
+    stopped_by, stopped_at = None, None
     for step in range(start_step, train.steps):
         gen = torch.Generator().manual_seed(train.seed * 1_000_003 + step * world + rank)
         x = torch.randn(per_rank, _DIM, generator=gen)
@@ -129,18 +245,29 @@ def _spine_loop(dist_env: distributed.DistEnv, train: TrainConfig, ckpt: Checkpo
         lr = train.lr * min(1.0, (step + 1) / max(train.warmup_steps, 1))
         weights -= lr * stats[:-1]
         loss = stats[-1]
-        if rank == 0 and (step + 1) % ckpt.every_steps == 0 and step + 1 < train.steps:
+        if rank == 0 and (step + 1) % train.log_every == 0:
+            print(f"step {step + 1}/{train.steps} loss {loss.item():.6f}", flush=True)
+        if step + 1 == train.steps:
+            break
+        stopped_by = stop.agreed()  # every rank, every step boundary
+        if stopped_by is not None:
+            stopped_at = step + 1
+        if rank == 0 and (stopped_by is not None or (step + 1) % ckpt.every_steps == 0):
             tmp = state_path.with_suffix(".tmp")
             torch.save({"step": step + 1, "weights": weights}, tmp)
             os.replace(tmp, state_path)
-        if rank == 0 and (step + 1) % train.log_every == 0:
-            print(f"step {step + 1}/{train.steps} loss {loss.item():.6f}", flush=True)
+        if stopped_by is not None:
+            print(f"rank {rank}: {stopped_by} received, stopping at step {stopped_at}", flush=True)
+            dist.barrier()  # no rank leaves (and rank 0 requeues only) once the state file is in place
+            break
     return {
         "mode": "spine",
         "allreduce_sum": probe.item(),
         "allreduce_expected": world * (world + 1) / 2,
         "resumed_from_step": start_step,
         "steps": train.steps,
+        "stopped_by": stopped_by,
+        "stopped_at_step": stopped_at,
         "final_loss": float(loss.item()),
         "weight_error": float((weights - true_w).norm().item()),
         "loop_s": time.monotonic() - t0,

@@ -5,17 +5,24 @@ Arguments are always lists: no shell, nothing from a recipe is ever parsed by a 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
 import subprocess
+import threading
+from collections.abc import Iterator
 
 from embodyhpc.errors import SlurmError
 
 TIMEOUT_S = 60
 
 
-def run(args: list[str], *, timeout_s: float = TIMEOUT_S, check: bool = True) -> str:
+def run(args: list[str], *, timeout_s: float = TIMEOUT_S, check: bool = True,
+        immune_to: tuple[signal.Signals, ...] = ()) -> str:
+    """Run a Slurm tool; `immune_to`: signals the tool ignores (see `_children_ignore`)."""
     try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, check=False)
+        with _children_ignore(immune_to):
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, check=False)
     except FileNotFoundError as exc:
         raise SlurmError(f"{args[0]} not found: is Slurm installed and on PATH?") from exc
     except subprocess.TimeoutExpired as exc:
@@ -39,3 +46,33 @@ def reachable() -> tuple[bool, str]:
 def cancel(job_ids: list[str]) -> None:
     if job_ids:
         run(["scancel", *job_ids])
+
+
+def requeue(job_id: str) -> None:
+    """Put a running job back into the queue (it restarts with the same id, SLURM_RESTART_COUNT + 1).
+
+    Called by the training job's rank 0 after every rank saved at a preemption or time-limit signal. Slurm ends
+    the running attempt itself (SIGCONT + SIGTERM to every process of the job, SIGKILL after KillWait) and starts
+    the job again once its credential expires. scontrol runs inside the job, so it ignores both signals: slurmstepd
+    delivers a signal to every process of the step one by one, and a scontrol started right after the time-limit
+    SIGUSR2 reached rank 0 was killed by the same SIGUSR2 (seen on the local cluster: exit -12); the SIGTERM of
+    the requeue itself could likewise kill it before it reports success.
+    """
+    run(["scontrol", "requeue", job_id], immune_to=(signal.SIGUSR2, signal.SIGTERM))
+
+
+@contextlib.contextmanager
+def _children_ignore(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """Processes started inside the block ignore `signals`: an ignored disposition survives exec, so the parent's
+    is set to SIG_IGN while the child starts and then put back. The parent misses those signals meanwhile, so use
+    it only where they no longer matter (the requeue: the job has already stopped). Main thread only (Python sets
+    handlers there); elsewhere the child gets no protection."""
+    if not signals or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

@@ -18,7 +18,12 @@ Order, and why:
    last (set_requires_gradient_sync), the earlier ones accumulate locally; the loss is divided by the number of
    micro-batches so the accumulated gradient is the mean over the global batch;
 6. clip (train.grad_clip; 0 only measures the norm), optimizer and scheduler step, sampler accounting, metrics,
-   periodic async save; at the end a blocking save, the export, Checkpointer.close and a barrier.
+   the stop agreement (preempt.py), periodic async save; at the end a blocking save, the export,
+   Checkpointer.close and a barrier.
+7. Preemption or time limit (SIGUSR2, or SIGTERM, on any rank): every rank learns of it at the next step boundary
+   through StopSignal.agreed (one 1-element all_reduce every step), all ranks leave the loop at that same step, save
+   it with a blocking save and return with `stopped_by` set (no export: the run is not finished). Requeueing is the
+   launcher's business (launch/train.py); resuming from that checkpoint continues exactly at the next step.
 
 Collectives: every rank runs the same ones in the same order. Metrics are reduced on all ranks at log steps (the
 condition depends only on the step), and only the writing of the reduced values happens on rank 0.
@@ -26,6 +31,7 @@ condition depends only on the step), and only the writing of the reduced values 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Sequence
@@ -52,12 +58,14 @@ from embodyhpc.config.schema import (
 )
 from embodyhpc.data import open_dataset
 from embodyhpc.data.loader import build_dataloader
+from embodyhpc.data.normalize import StateNormalizer
 from embodyhpc.errors import ConfigError
 from embodyhpc.models import build_model, build_tokenizer
 from embodyhpc.parallel import build_mesh, materialize, parallelize
-from embodyhpc.train.adapter import ACTION_KEY, Pi05Collate, batch_tokens
+from embodyhpc.train.adapter import ACTION_KEY, Pi05Collate, batch_token_budget, batch_tokens
 from embodyhpc.train.metrics import ConsoleMetricsSink, JsonlMetricsSink, MetricsSink
 from embodyhpc.train.optim import build_optimizer
+from embodyhpc.train.preempt import StopSignal, cpu_group
 from embodyhpc.train.schedule import warmup_cosine
 from embodyhpc.train.stream import BatchStream
 
@@ -82,17 +90,23 @@ class TrainResult:
     last_metrics: dict[str, float]
     """The metrics of the last logged step (identical on every rank: they are reduced)."""
     export_path: Path | None
-    """The exported weights (rank 0 only; None elsewhere or with checkpoint.export_final off)."""
+    """The exported weights (rank 0 only; None elsewhere, with checkpoint.export_final off, or after a stop)."""
+    stopped_by: str | None = None
+    """"SIGUSR2" or "SIGTERM" when the run stopped early for preemption or a time limit (the same on every rank);
+    `final_step` is then the step saved (blocking) before returning. None when it trained to train.steps."""
 
 
 def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfig, parallelism: ParallelismConfig,
           train_cfg: TrainConfig, checkpoint: CheckpointConfig, resolved: Resolved, run_dir: str | Path,
           dist_env: RankInfo, device: torch.device | str, config_yaml: str = "",
-          sinks: Sequence[MetricsSink] | None = None) -> TrainResult:
+          sinks: Sequence[MetricsSink] | None = None, stop: StopSignal | None = None,
+          extra_sinks: Sequence[MetricsSink] = ()) -> TrainResult:
     """Train to train_cfg.steps, resuming from the newest complete checkpoint under run_dir/checkpoints.
 
     `sinks` receive rank 0's metrics (default: run_dir/logs/metrics.jsonl and the console); other ranks ignore it.
+    `extra_sinks` are added to those on rank 0 (the launcher's MLflow sink).
     `config_yaml` is the resolved recipe written next to the exported weights.
+    `stop`: the launcher's installed StopSignal; without one the loop installs its own for its duration.
     """
     run_dir = Path(run_dir)
     device = _rank_device(torch.device(device), dist_env.local_rank)
@@ -110,10 +124,11 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
     optimizer = build_optimizer(model, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     _seed_rank_streams(train_cfg.seed + rank)
 
+    normalizer = StateNormalizer.from_dataset(data.root, model_cfg.state_key, model_cfg.state_norm)
     loader, sampler = build_dataloader(
         _open(data, model_cfg), data, micro_batch_size=train_cfg.micro_batch_size, rank=rank,
         world_size=dist_env.world_size, seed=train_cfg.seed, device_type=device.type,
-        collate_fn=Pi05Collate(model_cfg, build_tokenizer(model_cfg)))
+        collate_fn=Pi05Collate(model_cfg, build_tokenizer(model_cfg), normalizer))
     stream = BatchStream(loader, sampler)
 
     ckpt = Checkpointer(run_dir / CHECKPOINT_DIR, checkpoint, seed=train_cfg.seed)
@@ -129,14 +144,23 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
         sinks = []
     elif sinks is None:
         sinks = [JsonlMetricsSink(run_dir / METRICS_FILE, resume_step=start_step), ConsoleMetricsSink()]
+    if is_rank0:
+        sinks = [*sinks, *extra_sinks]
     last_metrics: dict[str, float] = {}
     step = start_step
-    try:
+    stopped_by: str | None = None
+    stop_group = cpu_group()
+    with contextlib.ExitStack() as cleanup:
+        if stop is None:
+            stop = cleanup.enter_context(StopSignal())
+        cleanup.callback(ckpt.close)  # a job must not exit under an async save in flight
+        for sink in sinks:
+            cleanup.callback(sink.close)
         for step in range(start_step + 1, train_cfg.steps + 1):
             started = time.perf_counter()
             lr = float(optimizer.param_groups[0]["lr"])  # the rate this step's update uses
             loss_sum = torch.zeros((), device=device)
-            num_tokens, wait_s = 0, 0.0
+            num_tokens, budget_tokens, wait_s = 0, 0, 0.0
             for micro in range(accum):
                 _set_gradient_sync(model, micro == accum - 1)
                 waited = time.perf_counter()
@@ -147,6 +171,7 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
                 (loss / accum).backward()
                 loss_sum += loss.detach()
                 num_tokens += batch_tokens(batch, model_cfg)
+                budget_tokens += batch_token_budget(batch, model_cfg)
             grad_norm = _clip_grad_norm(model.parameters(), train_cfg.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -156,22 +181,30 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
 
             if step % train_cfg.log_every == 0 or step == train_cfg.steps:
                 last_metrics = _reduced_metrics(loss_sum / accum, grad_norm, lr, step_time_s, wait_s, num_tokens,
-                                                train_cfg.micro_batch_size * accum, dist_env.world_size, device)
+                                                budget_tokens, train_cfg.micro_batch_size * accum,
+                                                dist_env.world_size, device)
                 for sink in sinks:
                     sink.write(step, last_metrics)
-            if ckpt.due(step) and step != train_cfg.steps:
+            if step == train_cfg.steps:
+                break  # done: a signal now changes nothing, the final save below follows anyway
+            stopped_by = stop.agreed(stop_group)  # every rank, every step (see preempt.py)
+            if stopped_by is not None:
+                if is_rank0:
+                    print(f"step {step}: {stopped_by} received, saving and stopping (preemption or time limit)",
+                          flush=True)
+                break
+            if ckpt.due(step):
                 ckpt.save(step, model, optimizer, sampler_state=sampler.state_dict(), extra={"lr": lr})
         final_step = max(step, start_step)
+        # blocking: the job may be requeued or killed right after this returns, and the checkpoint must be complete
         ckpt.save(final_step, model, optimizer, sampler_state=sampler.state_dict(), blocking=True)
         export_path = None
-        if checkpoint.export_final:
+        if checkpoint.export_final and stopped_by is None:
             export_path = ckpt.export(run_dir / EXPORT_DIR, config_yaml=config_yaml, step=final_step)
-    finally:
-        for sink in sinks:
-            sink.close()
-        ckpt.close()  # a job must not exit under an async save in flight
+            if export_path is not None:  # rank 0: what evaluation needs to feed the policy as in training
+                write_policy_io(export_path.parent, data.root, model_cfg, normalizer)
     dist.barrier()  # FACTS: gloo ranks may abort at teardown without one
-    return TrainResult(start_step, final_step, last_metrics, export_path)
+    return TrainResult(start_step, final_step, last_metrics, export_path, stopped_by)
 
 
 # ---- set-up helpers ----
@@ -245,15 +278,39 @@ def _clip_grad_norm(parameters, max_norm: float) -> float:
 
 
 def _reduced_metrics(loss: torch.Tensor, grad_norm: float, lr: float, step_time_s: float, wait_s: float,
-                     num_tokens: int, samples_per_device: int, world_size: int,
+                     num_tokens: int, budget_tokens: int, samples_per_device: int, world_size: int,
                      device: torch.device) -> dict[str, float]:
-    """Mean loss, step time and data wait over ranks, total tokens: one all_reduce on every rank."""
-    values = torch.tensor([float(loss), step_time_s, wait_s, float(num_tokens)], dtype=torch.float64)
+    """Mean loss, step time and data wait over ranks, total tokens (and packing budget): one all_reduce on every
+    rank. `packing_efficiency` (useful tokens / the token budget of the packed micro-batches) is there only when
+    the collate packs (the budget is 0 otherwise, and the same decision follows on every rank from the sums)."""
+    values = torch.tensor([float(loss), step_time_s, wait_s, float(num_tokens), float(budget_tokens)],
+                          dtype=torch.float64)
     values = values.to(device)
     dist.all_reduce(values)
-    loss_mean, step_time_mean, wait_mean, tokens_total = (values / torch.tensor(
-        [world_size, world_size, world_size, 1], dtype=torch.float64, device=device)).tolist()
-    return {"loss": loss_mean, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time_mean,
-            "samples_per_s_per_device": samples_per_device / step_time_mean,
-            "tokens_per_s": tokens_total / step_time_mean,
-            "data_wait_fraction": wait_mean / step_time_mean if step_time_mean > 0 else 0.0}
+    loss_mean, step_time_mean, wait_mean, tokens_total, budget_total = (values / torch.tensor(
+        [world_size, world_size, world_size, 1, 1], dtype=torch.float64, device=device)).tolist()
+    metrics = {"loss": loss_mean, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time_mean,
+               "samples_per_s_per_device": samples_per_device / step_time_mean,
+               "tokens_per_s": tokens_total / step_time_mean,
+               "data_wait_fraction": wait_mean / step_time_mean if step_time_mean > 0 else 0.0}
+    if budget_total > 0:
+        metrics["packing_efficiency"] = tokens_total / budget_total
+    return metrics
+
+
+def write_policy_io(export_dir: Path, data_root: str, model_cfg: ModelConfig, normalizer: StateNormalizer) -> None:
+    """Next to the exported weights: the state statistics (normalization.json) and policy_io.json (the dataset's
+    cameras, image size, state key and real action dims), so an evaluation feeds the policy as training did."""
+    from embodyhpc.data.info import dataset_info
+    from embodyhpc.rundir import write_json_atomic
+
+    info = dataset_info(data_root)
+    features = info.get("features", {})
+    cameras = [key.removeprefix("observation.images.") for key in info.get("cameras", [])]
+    sizes = {features[f"observation.images.{c}"]["shape"][0] for c in cameras if f"observation.images.{c}" in features}
+    action = features.get("action", {}).get("shape") or [model_cfg.action_dim]
+    normalizer.save(export_dir)
+    write_json_atomic(export_dir / "policy_io.json", {
+        "cameras": cameras, "image_size": max(sizes) if sizes else None, "state_key": model_cfg.state_key,
+        "action_dim": min(int(action[-1]), model_cfg.action_dim), "fps": info.get("fps")})
+

@@ -15,7 +15,8 @@ from typing import Protocol
 
 METRIC_FIELDS = ("loss", "lr", "grad_norm", "step_time_s", "samples_per_s_per_device", "tokens_per_s",
                  "data_wait_fraction")
-"""The fields every logged step carries (besides `step`)."""
+"""The fields every logged step carries (besides `step`). Optional: `packing_efficiency` (useful tokens / token
+budget of the micro-batches), logged when the collate packs samples into rows."""
 
 
 class MetricsSink(Protocol):

@@ -12,14 +12,15 @@ NEEDS = ["data.root=/data/set", "site.account=robotics", TOK]
 
 
 def test_shipped_inventory():
-    assert shipped_recipes() == ["demo_metaworld_cpu", "pi05_bf16", "pi05_fp8"]
+    assert shipped_recipes() == ["demo_metaworld_cpu", "pi05_bf16", "pi05_fp8", "smoke_cpu"]
     assert shipped_sites() == ["example_ib", "example_roce", "example_tcp", "local"]
 
 
 @pytest.mark.parametrize("site", ["local", "example_ib", "example_roce", "example_tcp"])
-@pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "pi05_bf16", "pi05_fp8"])
+@pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "smoke_cpu", "pi05_bf16", "pi05_fp8"])
 def test_every_shipped_recipe_loads_on_every_site(recipe, site):
-    overrides = NEEDS if recipe != "demo_metaworld_cpu" else ["site.account=robotics"] * (site != "local")
+    cpu_recipe = recipe in ("smoke_cpu", "demo_metaworld_cpu")
+    overrides = NEEDS if not cpu_recipe else ["site.account=robotics"] * (site != "local")
     loaded = load_recipe(recipe, overrides, site=site)
     assert loaded.resolved.world_size == loaded.config.resources.nodes * loaded.resolved.procs_per_node
 
@@ -48,34 +49,34 @@ def test_precedence_defaults_recipe_site_overrides():
 
 def test_site_from_environment(monkeypatch):
     monkeypatch.setenv("EMBODYHPC_SITE", "local")
-    assert load_recipe("demo_metaworld_cpu").config.site.partition == "debug"
+    assert load_recipe("smoke_cpu").config.site.partition == "debug"
     monkeypatch.delenv("EMBODYHPC_SITE")
-    assert load_recipe("demo_metaworld_cpu").config.site.partition is None
+    assert load_recipe("smoke_cpu").config.site.partition is None
 
 
 def test_user_recipe_with_relative_base_and_shipped_base(tmp_path):
     (tmp_path / "mine.yaml").write_text("base: parent.yaml\ntrain: {steps: 70}\n")
-    (tmp_path / "parent.yaml").write_text("base: demo_metaworld_cpu\ntrain: {lr: 0.5}\n")
+    (tmp_path / "parent.yaml").write_text("base: smoke_cpu\ntrain: {lr: 0.5}\n")
     loaded = load_recipe(str(tmp_path / "mine.yaml"))
     assert (loaded.config.train.steps, loaded.config.train.lr) == (70, 0.5)
-    assert loaded.config.job.name == "demo-metaworld"
+    assert loaded.config.job.name == "smoke"
 
 
 def test_site_profile_from_path(tmp_path):
     site = tmp_path / "cluster.yaml"
     site.write_text("site: {partition: big, qos: high}\nnetwork: {fabric: ib, hcas: ['mlx5_0:1']}\n")
-    loaded = load_recipe("demo_metaworld_cpu", site=str(site))
+    loaded = load_recipe("smoke_cpu", site=str(site))
     assert (loaded.config.site.partition, loaded.config.network.fabric) == ("big", "ib")
     assert loaded.site == str(site)
 
 
 def test_interpolation_between_keys():
-    loaded = load_recipe("demo_metaworld_cpu", ["job.experiment=${job.name}-exp"])
-    assert loaded.config.job.experiment == "demo-metaworld-exp"
+    loaded = load_recipe("smoke_cpu", ["job.experiment=${job.name}-exp"])
+    assert loaded.config.job.experiment == "smoke-exp"
 
 
 def test_config_is_frozen():
-    loaded = load_recipe("demo_metaworld_cpu")
+    loaded = load_recipe("smoke_cpu")
     import dataclasses
 
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -91,20 +92,20 @@ def test_resolved_yaml_round_trips(tmp_path):
 
 
 def test_batch_arithmetic():
-    loaded = load_recipe("demo_metaworld_cpu", ["train.global_batch_size=64", "train.micro_batch_size=8"])
+    loaded = load_recipe("smoke_cpu", ["train.global_batch_size=64", "train.micro_batch_size=8"])
     assert loaded.resolved.grad_accum_steps == 4  # 64 / (8 x 2 ranks)
 
 
 def test_cross_section_error_blames_the_latest_layer():
     with pytest.raises(ConfigError) as info:
-        load_recipe("demo_metaworld_cpu", ["resources.nodes=3"])
+        load_recipe("smoke_cpu", ["resources.nodes=3"])
     assert info.value.where == "override 'resources.nodes=3'"
     assert "world_size=3" in info.value.message
 
 
 def test_unquoted_slurm_times_stay_strings(tmp_path):
     """YAML 1.1 would read 01:30:00 as the integer 5400 (then 5400 minutes for Slurm)."""
-    (tmp_path / "r.yaml").write_text("base: demo_metaworld_cpu\nresources: {time: 01:30:00}\n"
+    (tmp_path / "r.yaml").write_text("base: smoke_cpu\nresources: {time: 01:30:00}\n"
                                      "eval: {time: 45}\ntrain: {lr: 1.0e-3, steps: 0x10}\n")
     loaded = load_recipe(str(tmp_path / "r.yaml"))
     assert loaded.config.resources.time == "01:30:00" and loaded.resolved.train_time_min == 90

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-DEMO = "demo_metaworld_cpu"
+DEMO = "smoke_cpu"
 
 # (override args, the key the message must name, a fragment of the message)
 BAD_OVERRIDES = [

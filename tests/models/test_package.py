@@ -70,13 +70,14 @@ def test_the_registry_does_not_import_torch() -> None:
     assert result == {"names": ["pi05"], "torch": False}
 
 
-@pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "pi05_bf16", "pi05_fp8"])
+@pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "smoke_cpu", "pi05_bf16", "pi05_fp8"])
 def test_shipped_recipes_build_their_model_on_meta(recipe: str) -> None:
     import torch
 
     from embodyhpc.config.load import load_recipe
 
-    config = load_recipe(recipe, overrides=FULL_NEEDS if recipe != "demo_metaworld_cpu" else []).config
+    cpu_recipe = recipe in ("smoke_cpu", "demo_metaworld_cpu")
+    config = load_recipe(recipe, overrides=[] if cpu_recipe else FULL_NEEDS).config
     precision = config.precision
     if precision.mode == "fp8" and precision.fp8_backend == "te":
         try:

@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import run_dir_from, statuses, wait_for
 
 pytestmark = pytest.mark.slurm
-DEMO = "recipes/demo_metaworld_cpu.yaml"
+DEMO = "recipes/smoke_cpu.yaml"
 
 
 def _submit(cli, runs_root, *overrides):
@@ -28,8 +28,8 @@ def _report(run_dir, timeout_s=180):
     return json.loads(path.read_text())
 
 
-def test_two_node_chain_train_eval_array_report(cli, slurm_cluster, runs_root):
-    run_dir = _submit(cli, runs_root, "train.steps=40")
+def test_two_node_chain_train_eval_array_report(cli, slurm_cluster, runs_root, mlflow_server):
+    run_dir = _submit(cli, runs_root, "train.steps=40", "tracking.enabled=true", f"tracking.mlflow_uri={mlflow_server}")
     report = _report(run_dir)
     assert report["outcome"] == "complete", report
     result = json.loads((run_dir / "logs" / "train_result.json").read_text())
@@ -37,10 +37,26 @@ def test_two_node_chain_train_eval_array_report(cli, slurm_cluster, runs_root):
     assert result["world_size"] == 2 and result["allreduce_sum"] == 3.0
     assert sorted(result["hostnames"]) == ["n1", "n2"]
     assert report["eval"]["shards_found"] == [0, 1, 2, 3]
-    assert report["eval"]["episodes_recorded"] == report["eval"]["episodes_planned"] == 20
-    hosts = {json.loads(line)["host"] for f in (run_dir / "eval").glob("shard-*.jsonl")
+    # 2 tasks x 1 seed x 2 episodes, run by both reference policies (no trained policy in the smoke recipe)
+    assert report["eval"]["episodes_recorded"] == {"expert": 4, "random": 4} and report["eval"]["episodes_planned"] == 4
+    assert report["results"]["policies"]["expert"]["overall"]["recorded"] == 4
+    hosts = {json.loads(line)["host"] for f in (run_dir / "eval" / "shards").glob("*/shard-*.jsonl")
              for line in f.read_text().splitlines()}
-    assert hosts <= {"n1", "n2"}
+    assert hosts <= {"n1", "n2"} and hosts
+    # MLflow (a real server): the training run got the job's final metric and ended FINISHED; the report is its
+    # child run, with metrics at the evaluated step and the plots and summary as artifacts
+    from embodyhpc.tracking.mlflow_run import client, find_run
+
+    info = json.loads((run_dir / "run.json").read_text())
+    parent = wait_for(lambda: (r := find_run(mlflow_server, info["mlflow_run_id"])) and r["status"] == "FINISHED"
+                      and r, 30, "training run FINISHED in MLflow")
+    assert "train/final_loss" in parent["metrics"]
+    child = find_run(mlflow_server, report["mlflow_child_run_id"])
+    assert child["parent_run_id"] == info["mlflow_run_id"] and child["status"] == "FINISHED"
+    assert child["metrics"]["eval/expert/success_rate"] == report["results"]["policies"]["expert"]["overall"][
+        "success_rate"]
+    artifacts = {a.path for a in client(mlflow_server).list_artifacts(report["mlflow_child_run_id"], "plots")}
+    assert artifacts == {"plots/task_success.png", "plots/success_vs_step.png"}
     jobs = wait_for(lambda: (s := statuses(cli, run_dir)) and all(
         j["state"] == "COMPLETED" for j in s.values()) and s, 60, "sacct to show COMPLETED")
     assert jobs["eval"]["array_counts"] == {"COMPLETED": 4}
@@ -77,7 +93,7 @@ def test_policy_trains_on_a_dataset_staged_to_each_node(cli, slurm_cluster, runs
     chunk = ", ".join(str(i / 10) for i in range(10))  # model.action_horizon 10 at the sample's 10 fps
     run_dir = _submit(cli, runs_root, "train.steps=3", "data.format=lerobot", f"data.root={fixture}",
                       "staging.enabled=true", f"staging.nvme_dir={nvme}", "train.log_every=1", "train.warmup_steps=1",
-                      f"data.delta_timestamps={{action: [{chunk}]}}")
+                      f"data.delta_timestamps={{action: [{chunk}]}}", "eval.enabled=false")
     assert _report(run_dir, timeout_s=300)["outcome"] == "complete"
     result = json.loads((run_dir / "logs" / "train_result.json").read_text())
     # pi0.5 (tiny) trained with FSDP2 across both nodes on the staged copy, checkpointed and exported
@@ -130,3 +146,145 @@ def test_requeued_training_resumes_and_completes(cli, slurm_cluster, runs_root):
     assert result["restart_count"] >= 1
     assert 0 < result["resumed_from_step"] < 4000
     assert sorted(result["hostnames"]) == ["n1", "n2"]
+
+
+# ---- preemption and time limits: USR2 -> every rank stops at one step and saves -> one requeue -> exact resume ----
+def _train_job_id(run_dir) -> str:
+    return json.loads((run_dir / "run.json").read_text())["jobs"]["train"]["job_id"]
+
+
+def _attempts(run_dir) -> list[dict]:
+    path = run_dir / "logs" / "train_attempts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _attempt_states(job_id: str) -> list[str]:
+    """The state of every attempt of the job, oldest first (sacct --duplicates keeps requeued attempts)."""
+    out = subprocess.run(["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates", f"--jobs={job_id}",
+                          "--format=JobID,State"], check=True, capture_output=True, text=True, timeout=30).stdout
+    return [line.split("|")[1].split()[0] for line in out.splitlines() if line.split("|")[0] == job_id]
+
+
+def _signal_training(run_dir) -> str:
+    """Once training is under way (a progress checkpoint exists), USR2 to every task of the job, as Slurm's
+    `--signal=USR2@N` does before the time limit."""
+    wait_for((run_dir / "checkpoints" / "spine-state.pt").is_file, 120, "a progress checkpoint")
+    job_id = _train_job_id(run_dir)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, capture_output=True, timeout=30)
+    return job_id
+
+
+def _stop_lines(run_dir, job_id: str) -> dict[int, str]:
+    """Rank -> the step it reported stopping at, from each task's log."""
+    found = {}
+    for task in (0, 1):
+        text = (run_dir / "submitit" / f"{job_id}_{task}_log.out").read_text()
+        lines = [line for line in text.splitlines() if "received, stopping at step" in line]
+        assert len(lines) == 1, (task, lines)
+        found[task] = lines[0].rsplit(" ", 1)[1]
+    return found
+
+
+@pytest.mark.slow
+def test_usr2_saves_on_every_rank_at_one_step_requeues_once_and_resumes_there(cli, slurm_cluster, runs_root):
+    steps = 4000  # ~15-30 s per attempt here; the signal lands within a second of step 100
+    run_dir = _submit(cli, runs_root, f"train.steps={steps}", "checkpoint.every_steps=100", "train.log_every=2000",
+                      "eval.enabled=false")
+    job_id = _signal_training(run_dir)
+    result_path = run_dir / "logs" / "train_result.json"
+    wait_for(result_path.is_file, 300, "the requeued attempt to finish")
+    result = json.loads(result_path.read_text())
+    attempts = _attempts(run_dir)
+    assert len(attempts) == 1, attempts
+    stop = attempts[0]
+    assert stop["outcome"] == "requeued" and stop["signal"] == "SIGUSR2" and stop["restart_count"] == 0
+    assert 100 <= stop["step"] < steps
+    # both ranks (one per node) agreed on the step, and the next attempt started from exactly there
+    assert _stop_lines(run_dir, job_id) == {0: str(stop["step"]), 1: str(stop["step"])}
+    assert result["status"] == "completed" and result["resumed_from_step"] == stop["step"]
+    assert result["restart_count"] == 1 and result["steps"] == steps and result["stopped_by"] is None
+    assert sorted(result["hostnames"]) == ["n1", "n2"]
+    states = wait_for(lambda: (s := _attempt_states(job_id)) and s[-1] == "COMPLETED" and s, 60, "COMPLETED in sacct")
+    assert states == ["REQUEUED", "COMPLETED"], "exactly one requeue"
+
+
+@pytest.mark.slow
+def test_usr2_stops_the_fsdp_policy_loop_on_both_nodes_and_the_requeued_job_resumes_there(
+        cli, slurm_cluster, runs_root, tmp_path):
+    """The real loop: pi0.5 (tiny) with FSDP2 across the two nodes, a collective DCP save at the stop step."""
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "lerobot_v30_sample"
+    chunk = ", ".join(str(i / 10) for i in range(10))
+    steps = 40
+    run_dir = _submit(cli, runs_root, f"train.steps={steps}", "data.format=lerobot", f"data.root={fixture}",
+                      "train.log_every=1", "train.warmup_steps=1", "checkpoint.every_steps=1000", "eval.enabled=false",
+                      f"data.delta_timestamps={{action: [{chunk}]}}")
+    metrics_path = run_dir / "logs" / "metrics.jsonl"
+    wait_for(lambda: metrics_path.is_file() and len(metrics_path.read_text().splitlines()) >= 2, 180,
+             "two logged training steps")
+    job_id = _train_job_id(run_dir)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, capture_output=True, timeout=30)
+    result_path = run_dir / "logs" / "train_result.json"
+    wait_for(result_path.is_file, 300, "the requeued attempt to finish")
+    attempts = _attempts(run_dir)
+    assert [(a["outcome"], a["signal"]) for a in attempts] == [("requeued", "SIGUSR2")]
+    stop = attempts[0]["step"]
+    assert 2 <= stop < steps
+    result = json.loads(result_path.read_text())
+    assert result["mode"] == "policy" and result["status"] == "completed" and result["restart_count"] == 1
+    assert result["resumed_from_step"] == stop and result["steps"] == steps
+    marker = json.loads((run_dir / "checkpoints" / f"step-{stop}" / ".complete").read_text())
+    assert marker["step"] == stop and marker["world_size"] == 2 and marker["async"] is False
+    # one continuous curve: every step logged once, the resumed attempt continuing after the stop step
+    assert [json.loads(line)["step"] for line in metrics_path.read_text().splitlines()] == list(range(1, steps + 1))
+    assert Path(result["export_path"]).exists()
+    states = wait_for(lambda: (s := _attempt_states(job_id)) and s[-1] == "COMPLETED" and s, 60, "COMPLETED in sacct")
+    assert states == ["REQUEUED", "COMPLETED"]
+
+
+@pytest.mark.slow
+def test_the_time_limit_signal_from_sbatch_requeues_until_training_completes(cli, slurm_cluster, runs_root):
+    """No scancel: `#SBATCH --time=2 --signal=USR2@60` itself. Slurm fires the signal 20-60 s into each attempt
+    (FACTS: up to ~40 s early), so the number of attempts varies; every one must resume where the last stopped."""
+    steps = 30000  # more than 60 s of work at this machine's fastest spine rate: the first attempt is signalled
+    run_dir = _submit(cli, runs_root, f"train.steps={steps}", "checkpoint.every_steps=1000", "train.log_every=100000",
+                      "eval.enabled=false", "resources.time=2", "resources.signal_delay_s=60",
+                      "resources.max_requeues=6")
+    job_id = _train_job_id(run_dir)
+    result_path = run_dir / "logs" / "train_result.json"
+    wait_for(result_path.is_file, 540, "training to complete across time-limited attempts")
+    result = json.loads(result_path.read_text())
+    attempts = _attempts(run_dir)
+    assert attempts and all(a["outcome"] == "requeued" and a["signal"] == "SIGUSR2" for a in attempts), attempts
+    assert [a["restart_count"] for a in attempts] == list(range(len(attempts)))
+    # each attempt started where the one before stopped, and the last one finished the run from there
+    assert [a["resumed_from_step"] for a in attempts[1:]] == [a["step"] for a in attempts[:-1]]
+    assert result["status"] == "completed" and result["resumed_from_step"] == attempts[-1]["step"]
+    assert result["restart_count"] == len(attempts) and result["steps"] == steps
+    states = wait_for(lambda: (s := _attempt_states(job_id)) and s[-1] == "COMPLETED" and s, 60, "COMPLETED in sacct")
+    assert states == ["REQUEUED"] * len(attempts) + ["COMPLETED"]
+
+
+def test_usr2_beyond_the_retry_limit_fails_the_job_and_says_why(cli, slurm_cluster, runs_root):
+    run_dir = _submit(cli, runs_root, "train.steps=100000000", "checkpoint.every_steps=100", "train.log_every=100000",
+                      "eval.enabled=false", "resources.max_requeues=0")
+    job_id = _signal_training(run_dir)
+    result_path = run_dir / "logs" / "train_result.json"
+    wait_for(result_path.is_file, 120, "the failure to be recorded")
+    result = json.loads(result_path.read_text())
+    stop = _attempts(run_dir)
+    assert [a["outcome"] for a in stop] == ["failed"]
+    step = stop[0]["step"]
+    assert result["status"] == "failed" and result["stopped_at_step"] == step
+    assert "resources.max_requeues=0" in result["error"] and f"step {step}" in result["error"]
+    # the state of that step was saved all the same (the spine's progress checkpoint)
+    import torch
+
+    assert int(torch.load(run_dir / "checkpoints" / "spine-state.pt")["step"]) == step
+    states = wait_for(lambda: (s := _attempt_states(job_id)) and s[-1] not in ("RUNNING", "COMPLETING") and s, 60,
+                      "the job to end")
+    assert states == ["FAILED"]
+    wait_for(lambda: "TrainingStopped" in (run_dir / "submitit" / f"{job_id}_0_log.err").read_text(), 30,
+             "the error in the job log")
+    assert "resources.max_requeues=0" in (run_dir / "submitit" / f"{job_id}_0_log.err").read_text()

@@ -21,7 +21,7 @@ UPDATE = "EMBODYHPC_UPDATE_GOLDEN"
 
 def _overrides(recipe: str, site: str) -> list[str]:
     tokenizer = "model.tokenizer_path=/models/paligemma/tokenizer.model"
-    out = [] if recipe == "demo_metaworld_cpu" else ["data.root=/data/lerobot/pick_place", tokenizer]
+    out = [] if recipe in ("smoke_cpu", "demo_metaworld_cpu") else ["data.root=/data/lerobot/pick_place", tokenizer]
     return out + ([] if site == "local" else ["site.account=robotics"])
 
 
@@ -74,7 +74,7 @@ def test_hostile_recipe_values_render_inert(tmp_path):
         "site.container.image", "site.container.workdir", "site.python")]
     overrides += [f"site.modules=[{quoted}]", f"site.container.extra_args=[{quoted}]",
                   f"network.hcas=[{quoted}]", "network.fabric=ib"]
-    loaded = load_recipe("demo_metaworld_cpu", overrides)
+    loaded = load_recipe("smoke_cpu", overrides)
     assert loaded.config.site.partition == evil
     run_dir = tmp_path / "run dir; touch pwned"
     for kind in JOB_KINDS:
@@ -112,22 +112,22 @@ def test_render_refuses_control_characters_even_from_code(tmp_path):
 def test_site_templates_dir_overrides_one_template(tmp_path):
     (tmp_path / "report.sbatch.j2").write_text(
         '{% extends "base.sbatch.j2" %}\n{% block before_srun %}\necho site-{{ kind }}\n{% endblock %}\n')
-    loaded = load_recipe("demo_metaworld_cpu", [f"site.templates_dir={tmp_path}"])
+    loaded = load_recipe("smoke_cpu", [f"site.templates_dir={tmp_path}"])
     report = render_job(loaded, "report", RUN_DIR, PYTHON)
     train = render_job(loaded, "train", RUN_DIR, PYTHON)
     assert "echo site-report" in report and "site-" not in train
-    assert train == render_job(load_recipe("demo_metaworld_cpu"), "train", RUN_DIR, PYTHON)
+    assert train == render_job(load_recipe("smoke_cpu"), "train", RUN_DIR, PYTHON)
 
 
 def test_missing_templates_dir_is_a_config_error(cli):
-    result = cli("render", "demo_metaworld_cpu", "site.templates_dir=/does/not/exist")
+    result = cli("render", "smoke_cpu", "site.templates_dir=/does/not/exist")
     assert result.code == 2 and "site.templates_dir" in result.err
 
 
 def test_render_cli_prints_exactly_render_job(cli, tmp_path):
-    result = cli("render", "demo_metaworld_cpu", "--site", "local", "--job", "train", "--run-dir", str(tmp_path))
+    result = cli("render", "smoke_cpu", "--site", "local", "--job", "train", "--run-dir", str(tmp_path))
     assert result.code == 0, result.err
-    loaded = load_recipe("demo_metaworld_cpu", site="local")
+    loaded = load_recipe("smoke_cpu", site="local")
     import sys
 
     assert result.out == render_job(loaded, "train", tmp_path, sys.executable)

@@ -68,3 +68,22 @@ def test_collate_builds_a_batch_the_model_trains_on(dataset):
         noise, time = torch.randn(3, HORIZON, 8), torch.rand(3)
         assert torch.allclose(model(batch, noise=noise, time=time).loss,
                               model(unresized, noise=noise, time=time).loss, atol=1e-6)
+
+
+def test_packing_efficiency_is_useful_tokens_over_the_packed_rows_budget(dataset):
+    from embodyhpc.train.adapter import batch_token_budget
+    from tests.parallel.harness import run_ranks
+    from tests.train import workers
+
+    cfg = _cfg()
+    batch = Pi05Collate(cfg, build_tokenizer(cfg))([dataset[i] for i in (0, 1, 50)])
+    assert batch_token_budget(batch, cfg) == 0, "an unpacked batch has no packing budget"
+    packed = batch.with_rows([[0, 2], [1]])
+    assert batch_token_budget(packed, cfg) == 2 * 128  # 2 rows of model.max_token_len
+    # reduced over ranks: total useful tokens / total budget, the same on every rank
+    results = run_ranks(workers.reduced_metrics_job, 2, [150, 90], [256, 128])
+    assert [r["packing_efficiency"] for r in results] == [pytest.approx(240 / 384)] * 2
+    assert results[0]["loss"] == pytest.approx(1.5)
+    # without packing the field is absent, not 0 or NaN
+    results = run_ranks(workers.reduced_metrics_job, 2, [150, 90], [0, 0])
+    assert all("packing_efficiency" not in r for r in results)

@@ -2,6 +2,8 @@
 
 One uninterrupted run (4 steps, async checkpoints every 2) serves every assertion about outputs; the resume test
 then starts a fresh 2-rank job in a copy of its run directory holding only step-2, and compares steps 3-4.
+The preemption test stops a run with SIGUSR2 sent to one rank and resumes it; the reshard tests resume step-2 of
+the uninterrupted run on 1 and on 3 ranks.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from embodyhpc.checkpoint import list_steps, load_exported, read_latest, read_marker
+from embodyhpc.data.sampler import epoch_permutation
 from embodyhpc.train.metrics import METRIC_FIELDS
 from tests.parallel.harness import run_ranks
 from tests.train import workers
@@ -79,3 +83,63 @@ def test_resume_continues_the_same_run(full_run, tmp_path):
         assert have["loss"] == pytest.approx(want["loss"], abs=1e-6, rel=0)
         assert have["grad_norm"] == pytest.approx(want["grad_norm"], abs=1e-6, rel=0)
         assert have["lr"] == pytest.approx(want["lr"], abs=1e-12, rel=0)
+
+
+def _same_steps(expected: list[dict], got: list[dict]) -> None:
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for want, have in zip(expected, got, strict=True):
+        assert have["loss"] == pytest.approx(want["loss"], abs=1e-6, rel=0)
+        assert have["grad_norm"] == pytest.approx(want["grad_norm"], abs=1e-6, rel=0)
+        assert have["lr"] == pytest.approx(want["lr"], abs=1e-12, rel=0)
+
+
+# ---- preemption: a signal on one rank, every rank stops at the same step, resume continues exactly ----
+def test_sigusr2_on_one_rank_stops_every_rank_at_one_step_and_the_resume_continues_exactly(full_run, tmp_path):
+    run_dir, _ = full_run
+    stopped_dir = tmp_path / "preempted"
+    # rank 1 alone receives SIGUSR2 just before its 3rd micro-batch, i.e. in the middle of step 2 (2 per step);
+    # periodic saves are off (every 100 steps), so any checkpoint comes from the stop
+    results = run_ranks(workers.signalled_job, 2, str(stopped_dir), STEPS, 100, 1, 3, timeout_s=240)
+    assert [r["stopped_by"] for r in results] == ["SIGUSR2", "SIGUSR2"]
+    assert [r["final_step"] for r in results] == [2, 2]
+    assert [r["export_path"] for r in results] == [None, None], "an interrupted run is not exported"
+    root = stopped_dir / "checkpoints"
+    assert list_steps(root).newest_complete == 2 and read_latest(root) == root / "step-2"
+    assert read_marker(root / "step-2")["async"] is False and read_marker(root / "step-2")["world_size"] == 2
+    trainer = json.loads((root / "step-2" / "trainer.json").read_text())
+    assert trainer["step"] == 2 and trainer["sampler"]["num_consumed"] == 2 * 8
+    assert [r["step"] for r in _metrics(stopped_dir)] == [1, 2]
+    assert not (stopped_dir / "export").exists()
+
+    resumed = run_ranks(workers.train_job, 2, str(stopped_dir), STEPS, 100, timeout_s=240)
+    assert [(r["start_step"], r["final_step"], r["stopped_by"]) for r in resumed] == [(2, STEPS, None)] * 2
+    _same_steps(_metrics(run_dir), _metrics(stopped_dir))
+
+
+# ---- resume on another world size: the start step, and the sampler neither repeats nor skips ----
+def _num_frames() -> int:
+    return json.loads((workers.FIXTURE / "meta" / "info.json").read_text())["total_frames"]
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_resume_on_another_world_size_continues_the_same_sample_order(full_run, tmp_path, world_size):
+    run_dir, full_results = full_run
+    resumed = tmp_path / f"resumed_w{world_size}"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(run_dir / "checkpoints" / "step-2", resumed / "checkpoints" / "step-2")
+    results = run_ranks(workers.train_job, world_size, str(resumed), STEPS, EVERY, timeout_s=300)
+    assert [(r["start_step"], r["final_step"]) for r in results] == [(2, STEPS)] * world_size
+
+    per_rank_step = 2 * 2  # micro-batch 2 x 2 micro-batches, on every world size (global batch 4 x ranks)
+    done = 2 * 2 * per_rank_step  # positions of the epoch's permutation steps 1-2 consumed on 2 ranks
+    total = done + (STEPS - 2) * world_size * per_rank_step
+    order = epoch_permutation(np.arange(total), num_samples=_num_frames(), seed=3, epoch=0).tolist()
+    before = [r["drawn"][:2 * per_rank_step] for r in full_results]
+    after = [r["drawn"] for r in results]
+    # the 2-rank run dealt positions 0..done-1 round-robin; the resumed run deals the rest to its own ranks
+    assert before == [order[rank:done:2] for rank in range(2)]
+    assert after == [order[done + rank::world_size] for rank in range(world_size)]
+    drawn = [i for ranks in (before, after) for indices in ranks for i in indices]
+    assert sorted(drawn) == sorted(order) and len(set(drawn)) == total, "a sample repeated or skipped"
+    trainer = json.loads((resumed / "checkpoints" / "step-4" / "trainer.json").read_text())
+    assert trainer["sampler"]["num_consumed"] == total

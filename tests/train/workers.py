@@ -6,6 +6,9 @@ state 6, action 4 padded to 8, 10 fps), 2 ranks, micro-batch 2, global batch 8 -
 
 from __future__ import annotations
 
+import itertools
+import os
+import signal
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,7 +24,9 @@ from embodyhpc.config.schema import (
     ResourcesConfig,
     TrainConfig,
 )
+from embodyhpc.train import loop
 from embodyhpc.train.loop import train
+from embodyhpc.train.stream import BatchStream
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "lerobot_v30_sample"
 HORIZON = 4
@@ -42,12 +47,56 @@ def recipe(world_size: int, *, steps: int, every_steps: int, export_final: bool 
     )
 
 
+class RecordingDataset:
+    """The dataset the loop opens, noting every index it reads (with num_workers=0 the DataLoader reads exactly
+    the micro-batches the loop asks for, in order, so `drawn` is what this rank trained on)."""
+
+    def __init__(self, inner: Any, drawn: list[int]) -> None:
+        self.inner, self.drawn = inner, drawn
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> Any:
+        self.drawn.append(int(index))
+        return self.inner[index]
+
+
 def train_job(rank: int, world_size: int, run_dir: str, steps: int, every_steps: int,
               options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`options`: further keyword arguments of recipe() (precision, num_workers)."""
+    """`options`: further keyword arguments of recipe() (precision, num_workers). The result has the dataset
+    indices this rank read under "drawn"."""
     cfg = recipe(world_size, steps=steps, every_steps=every_steps, **(options or {}))
     dist_env = SimpleNamespace(rank=rank, world_size=world_size, local_rank=rank)
+    drawn: list[int] = []
+    open_dataset = loop._open
+    loop._open = lambda data, model_cfg: RecordingDataset(open_dataset(data, model_cfg), drawn)  # this rank only
     result = train(data=cfg.data, model_cfg=cfg.model, precision=cfg.precision, parallelism=cfg.parallelism,
                    train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=run_dir,
                    dist_env=dist_env, device="cpu", config_yaml="model: {size: tiny}\n")
-    return asdict(result)
+    return {**asdict(result), "drawn": drawn}
+
+
+def signalled_job(rank: int, world_size: int, run_dir: str, steps: int, every_steps: int, signal_rank: int,
+                  at_batch: int) -> dict[str, Any]:
+    """train_job where rank `signal_rank` alone sends itself SIGUSR2 just before it fetches micro-batch number
+    `at_batch` (1-based): a time-limit signal that reached one rank, in the middle of an optimizer step."""
+    if rank == signal_rank:
+        fetches = itertools.count(1)
+        next_batch = BatchStream.next_batch
+
+        def signalling_next_batch(self: BatchStream) -> Any:
+            if next(fetches) == at_batch:
+                os.kill(os.getpid(), signal.SIGUSR2)
+            return next_batch(self)
+
+        BatchStream.next_batch = signalling_next_batch  # this rank's process only
+    return train_job(rank, world_size, run_dir, steps, every_steps)
+
+
+def reduced_metrics_job(rank: int, world_size: int, tokens: list[int], budgets: list[int]) -> dict[str, float]:
+    """The loop's metric reduction with this rank's token count and packing budget."""
+    import torch
+
+    return loop._reduced_metrics(torch.tensor(1.0 + rank), 0.5, 1e-3, 2.0, 0.5, tokens[rank], budgets[rank], 4,
+                                 world_size, torch.device("cpu"))

@@ -193,7 +193,9 @@ class JointLayer(nn.Module):
     def forward(self, prefix: torch.Tensor | None, suffix: torch.Tensor | None, *, ctx: LayerContext,
                 cached_kv: KeyValue | None = None):
         """prefix [1, Np, vlm width] and suffix [1, Na, expert width] are the flat streams (plan.py); attention
-        gathers them into rows and scatters its output back."""
+        gathers them into rows and scatters its output back. Returns (prefix out, suffix out, the prefix's K/V);
+        the K/V only when filling the inference cache (suffix None): a returned view would otherwise reach FSDP2's
+        output hooks on every training step for nothing."""
         plan = ctx.plan
         kv, prefix_q = cached_kv, None
         if prefix is not None:
@@ -221,9 +223,9 @@ class JointLayer(nn.Module):
             out = from_rows(out, plan.joint_inverse)
             num_prefix = prefix.shape[1]
             prefix_out = self.vlm.finish(prefix, out[:, :num_prefix], None, None)
-            return prefix_out, self.expert.finish(suffix, out[:, num_prefix:], ctx.cond, attn_gate), kv
+            return prefix_out, self.expert.finish(suffix, out[:, num_prefix:], ctx.cond, attn_gate), None
         # the action queries alone: the last training layer, and inference over the cached prefix
         out = attend(to_rows(suffix_q, plan.suffix_rows), keys, values, layout=plan.suffix_layout,
                      backend=ctx.backend, scale=self.scale)
         suffix_out = self.expert.finish(suffix, from_rows(out, plan.suffix_inverse), ctx.cond, attn_gate)
-        return None, suffix_out, kv
+        return None, suffix_out, None

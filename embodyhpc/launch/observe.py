@@ -1,0 +1,103 @@
+"""What the training job reports besides checkpoints: node preflight, MLflow metrics, per-node telemetry.
+
+- preflight: local rank 0 of every node checks its node before anything else (embodyhpc.hw.preflight); a bad node
+  raises NodeUnhealthy naming the node to --exclude, and srun's --kill-on-bad-exit ends the other ranks at once.
+- MLflow: rank 0 continues the run `submit` created (its id is in run.json) with the loop's metrics. The run's
+  end status follows the attempt: FINISHED when training completed, RUNNING when the job was requeued (the next
+  attempt continues it), FAILED otherwise. A tracking store that cannot be reached never stops training.
+- telemetry: local rank 0 of every node samples GPUs and the host every tracking.telemetry_interval_s into the
+  same MLflow run (sys/<node>/... metrics), through its own sink (the sampler runs on its own thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from embodyhpc.config.schema import Config
+from embodyhpc.rundir import RunInfo
+
+
+def node_name() -> str:
+    """Slurm's name for this node (what --exclude takes), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def preflight(run_dir: Path, config: Config, local_rank: int) -> None:
+    from embodyhpc.hw.preflight import run_preflight_for_job
+
+    result = run_preflight_for_job(run_dir, config, local_rank, node_name())
+    if result is not None:
+        print(f"preflight {result.node}: {result.status} in {result.elapsed_s:.2f} s", flush=True)
+
+
+class _KeepOpen:
+    """Forwards metrics to the MLflow sink; the loop's close() is ignored so the launcher can end the run with the
+    status the attempt deserves (see RunTracking.finish)."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.sink.write(step, metrics)
+
+    def close(self) -> None:
+        self.sink.flush(force=True)
+
+
+class RunTracking:
+    """The MLflow side of one training attempt on one rank (inactive where there is nothing to do)."""
+
+    def __init__(self, config: Config, run_dir: Path, *, rank: int, local_rank: int) -> None:
+        self.sink = None
+        self.sampler = None
+        run_id = None
+        if config.tracking.enabled:
+            with contextlib.suppress(Exception):  # no run.json (tests calling train_task) = no tracking
+                run_id = RunInfo.load(run_dir).mlflow_run_id
+        if run_id is None:
+            return
+        from embodyhpc.tracking.mlflow_run import tracking_uri
+        from embodyhpc.tracking.mlflow_sink import MlflowMetricsSink
+
+        uri = tracking_uri(config.tracking, config.job.runs_root)
+        if rank == 0:
+            self.sink = MlflowMetricsSink(uri, run_id, prefix="train/")
+        interval = config.tracking.telemetry_interval_s
+        if local_rank == 0 and interval > 0:
+            from embodyhpc.tracking.telemetry import TelemetrySampler
+
+            self.sampler = TelemetrySampler(MlflowMetricsSink(uri, run_id), node=node_name(), interval_s=interval)
+
+    def sinks(self) -> list[Any]:
+        """Extra metric sinks for the loop (rank 0 only)."""
+        return [_KeepOpen(self.sink)] if self.sink is not None else []
+
+    @contextlib.contextmanager
+    def attempt(self) -> Iterator[RunTracking]:
+        """Telemetry while training runs; the run's status from how the attempt ended."""
+        if self.sampler is not None:
+            self.sampler.start()
+        status = "FAILED"
+        try:
+            yield self
+            status = self.outcome_status
+        except SystemExit as exc:  # preempt.Requeued / Stopped: the job goes on (or Slurm decides)
+            status = "RUNNING" if exc.code in (143, 144) else "FAILED"
+            raise
+        finally:
+            if self.sampler is not None:
+                self.sampler.stop()
+                self.sampler.sink.close("RUNNING")  # the sampler's sink never ends the run
+            if self.sink is not None:
+                self.sink.close(status)
+
+    outcome_status = "FINISHED"
+
+    def log_final(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self.sink is not None:
+            self.sink.write(step, metrics)
