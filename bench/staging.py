@@ -1,21 +1,21 @@
-"""stage() of many small files vs `cp -r`, and a restage of unchanged data vs the first stage.
+"""stage() vs `cp -r` on many small files and on a few large ones: first stage, restage, restage % of first.
 
-    python bench/staging.py                         # 10,000 files of 1-16 KiB in 100 folders, in a temp dir
-    python bench/staging.py --files 50000 --workers 16 --repeats 5 --tmp /nvme/scratch
+    python bench/staging.py                          # 10,000 files of 1-16 KiB; 20 files of 50 MiB
+    python bench/staging.py --only small --files 50000 --workers 16 --repeats 5 --tmp /nvme/scratch
 
-Each repeat copies the same source into a fresh destination with `cp -r` (a subprocess with an argument list),
-with `stage(src, dest)` as shipped (8 threads, verify=True: every staged file re-hashed afterwards) and with
-`stage(..., verify=False)` (no re-read, like cp), then restages the unchanged source into the staged copy
-as shipped (verify=True re-hashes the whole staged copy again) and with verify=False (stat only: the copy was
-verified on the first run and stays marked so). Medians of --repeats runs, interleaved.
+For each set, each repeat copies the same source into fresh destinations with `cp -r` (a subprocess with an
+argument list), with `cp -r` followed by `sync` (stage syncs the destination's filesystem before its manifest
+lists a file, so this is the like-for-like baseline for durability), and with `stage(src, dest)` in the
+default verify="quick" (every byte hashed while it is copied, no re-read) and in verify="full" (the whole
+staged copy re-read from the device afterwards). Then it restages the unchanged source into each staged copy:
+quick is a stat walk (no file is read), full re-hashes every staged file. Medians of --repeats, interleaved.
 
 The source was just written, so it is in the page cache and the destination is on the same local filesystem;
-nothing is dropped from the cache (that needs root tricks). This favours `cp -r`: with no I/O latency to hide,
-a copy is per-file syscalls plus CPU, and staging adds per-file work cp does not do (BLAKE2b of every byte,
-copy to a partial name + rename, the manifest, the re-hash of verify) on 2 cores shared with its threads.
-On a parallel filesystem each open/stat/read waits milliseconds on a metadata or object server, which is where
-staging's copy threads pay off; this bench does not simulate that.
-Goals: stage >= 2x as fast as cp -r; restage <= 2 % of the first stage. The bench reports; it always exits 0.
+nothing is dropped from the cache (that needs root). This favours `cp -r`: with no I/O latency to hide, a copy
+is per-file syscalls plus CPU, and staging adds BLAKE2b of every byte and the manifest, in Python, on cores it
+shares with its own threads. On a parallel filesystem each open/stat/read waits on a metadata or object server,
+which is where staging's threads pay off; this bench does not simulate that (no fake latency).
+Goals: first stage >= 2x as fast as cp -r; restage <= 2 % of the first stage. The bench reports; it exits 0.
 """
 
 from __future__ import annotations
@@ -50,20 +50,87 @@ def make_source(root: Path, num_files: int, min_bytes: int, max_bytes: int, seed
     return int(sizes.sum())
 
 
+def make_large_source(root: Path, num_files: int, file_bytes: int, seed: int) -> int:
+    rng = np.random.default_rng(seed)
+    blob = rng.bytes(file_bytes + num_files)
+    root.mkdir(parents=True)
+    for i in range(num_files):
+        (root / f"episode-{i:03d}.hdf5").write_bytes(blob[i:i + file_bytes])
+    return num_files * file_bytes
+
+
 def timed(fn) -> float:
     # Flush earlier cases' dirty pages first (untimed): otherwise their writeback lands in this case's time.
-    # Neither cp nor stage fsyncs, so each case is timed writing into the page cache.
     os.sync()
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
 
 
+def run_set(label: str, src: Path, tmp: Path, num_files: int, num_bytes: int, args: argparse.Namespace) -> None:
+    from embodyhpc.data.staging import stage
+
+    cases = ("cp -r", "cp -r + sync", "stage quick", "stage full", "restage quick", "restage full")
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    results: dict[str, object] = {}
+
+    def run_stage(name: str, dest: Path, verify: str) -> None:
+        results[name] = stage(src, dest, workers=args.workers, verify=verify, progress=False)
+
+    for r in range(args.repeats):  # interleaved, so drift on shared cores hits every case alike
+        dests = {name: tmp / f"{label}-{name.replace(' ', '-').replace('+', 'and')}-{r}" for name in cases[:4]}
+        first = {
+            "cp -r": lambda d=dests["cp -r"]: subprocess.run(["cp", "-r", str(src), str(d)], check=True),
+            "cp -r + sync": lambda d=dests["cp -r + sync"]: (
+                subprocess.run(["cp", "-r", str(src), str(d)], check=True), os.sync()),
+            "stage quick": lambda d=dests["stage quick"]: run_stage("stage quick", d, "quick"),
+            "stage full": lambda d=dests["stage full"]: run_stage("stage full", d, "full"),
+        }
+        order = list(first)[r % 4:] + list(first)[:r % 4]  # rotated: no case always runs first after a cleanup
+        for name in order:
+            times[name].append(timed(first[name]))
+        times["restage quick"].append(timed(lambda d=dests["stage quick"]: run_stage("restage quick", d, "quick")))
+        times["restage full"].append(timed(lambda d=dests["stage full"]: run_stage("restage full", d, "full")))
+        for folder in dests.values():
+            shutil.rmtree(folder)
+    median_s = {name: statistics.median(t) for name, t in times.items()}
+    min_s = {name: min(t) for name, t in times.items()}
+
+    print(f"\n## {label}: {num_files} files, {num_bytes / 2**20:.1f} MiB; stage(workers={args.workers}); "
+          f"median of {args.repeats}; {os.cpu_count()} CPUs")
+    for name in ("restage quick", "restage full"):
+        res = results[name]
+        print(f"# last {name}: {res.num_files_copied} copied, {res.num_files_skipped} unchanged, "
+              f"{res.num_files_rehashed} re-hashed")
+    print("# seconds per run: " + "; ".join(f"{name} {', '.join(f'{t:.3f}' for t in ts)}"
+                                              for name, ts in times.items()))
+    cp, cp_sync = median_s["cp -r"], median_s["cp -r + sync"]
+    print(f"{'case':<15} {'median s':>9} {'MiB/s':>8} {'x cp -r':>8} {'x cp+sync':>9}  goal (on medians)")
+    for name, seconds in median_s.items():
+        goal = ""
+        if name.startswith("stage"):
+            goal = f">= {GOAL_SPEEDUP_VS_CP:g}x cp -r: {'ok' if cp / seconds >= GOAL_SPEEDUP_VS_CP else 'BELOW'}"
+        elif name.startswith("restage"):
+            fraction = seconds / median_s["stage " + name.split()[1]]
+            goal = (f"{fraction:.1%} of first stage ({name.split()[1]}), <= {GOAL_RESTAGE_FRACTION:.0%}: "
+                    f"{'ok' if fraction <= GOAL_RESTAGE_FRACTION else 'BELOW'}")
+        rate = f"{num_bytes / 2**20 / seconds:8.1f}" if not name.startswith("restage") else f"{'-':>8}"
+        print(f"{name:<15} {seconds:9.3f} {rate} {cp / seconds:7.2f}x {cp_sync / seconds:8.2f}x  {goal}")
+    # On a shared machine the fastest run is the least disturbed one: the same ratios on best-of-N times.
+    best = {name: min_s["cp -r"] / t for name, t in min_s.items()}
+    print("# best-of-N ratios: " + ", ".join(f"{name} {best[name]:.2f}x cp -r" for name in cases[1:4])
+          + f"; restage quick {min_s['restage quick'] / min_s['stage quick']:.1%} of stage quick"
+          + f", restage full {min_s['restage full'] / min_s['stage full']:.1%} of stage full")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", type=int, default=10_000)
+    parser.add_argument("--only", choices=("small", "large"), help="run one set only")
+    parser.add_argument("--files", type=int, default=10_000, help="small set: number of files")
     parser.add_argument("--min-bytes", type=int, default=1024)
     parser.add_argument("--max-bytes", type=int, default=16 * 1024)
+    parser.add_argument("--large-files", type=int, default=20, help="large set: number of files")
+    parser.add_argument("--large-mib", type=int, default=50, help="large set: MiB per file")
     parser.add_argument("--workers", type=int, default=8, help="stage() copy threads (its default: 8)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each case; medians are reported")
     parser.add_argument("--tmp", type=Path, help="where to create the temp dir (default: the system temp dir)")
@@ -73,57 +140,19 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    from embodyhpc.data.staging import stage
-
-    with tempfile.TemporaryDirectory(prefix="bench-staging-", dir=args.tmp) as tmp_name:
-        tmp = Path(tmp_name)
-        src = tmp / "src"
-        num_bytes = make_source(src, args.files, args.min_bytes, args.max_bytes, args.seed)
-        times: dict[str, list[float]] = {"cp -r": [], "stage": [], "stage verify=False": [], "restage": [],
-                                         "restage verify=False": []}
-        results = {}
-        for r in range(args.repeats):  # interleaved, so drift on shared cores hits every case alike
-            cp_dest, dest, dest_noverify = tmp / f"cp-{r}", tmp / f"stage-{r}", tmp / f"stage-nv-{r}"
-            times["cp -r"].append(timed(lambda d=cp_dest: subprocess.run(["cp", "-r", str(src), str(d)],
-                                                                           check=True)))
-            times["stage"].append(timed(lambda d=dest: results.__setitem__(
-                "stage", stage(src, d, workers=args.workers, progress=False))))
-            times["stage verify=False"].append(timed(lambda d=dest_noverify: stage(
-                src, d, workers=args.workers, verify=False, progress=False)))
-            times["restage"].append(timed(lambda d=dest: results.__setitem__(
-                "restage", stage(src, d, workers=args.workers, progress=False))))
-            times["restage verify=False"].append(timed(lambda d=dest: results.__setitem__(
-                "restage verify=False", stage(src, d, workers=args.workers, verify=False, progress=False))))
-            for folder in (cp_dest, dest, dest_noverify):
-                shutil.rmtree(folder)
-        median_s = {name: statistics.median(t) for name, t in times.items()}
-
-    print(f"# {args.files} files, {num_bytes / 2**20:.1f} MiB ({args.min_bytes}-{args.max_bytes} bytes each) in "
-          f"{-(-args.files // FILES_PER_FOLDER)} folders; stage(workers={args.workers}); median of {args.repeats}; "
-          f"{os.cpu_count()} CPUs")
     print("# source page-cached (just written), destination on the same local filesystem: this favours cp -r "
           "(no I/O latency for threads to hide); see the module docstring")
-    for name in ("restage", "restage verify=False"):
-        print(f"# last {name}: {results[name].num_files_copied} copied, {results[name].num_files_skipped} unchanged"
-              f", {'re-hashed every staged file' if results[name].verified else 'stat only'}")
-    print("# seconds per run: " + "; ".join(f"{name} {', '.join(f'{t:.2f}' for t in ts)}"
-                                              for name, ts in times.items()))
-    base = median_s["cp -r"]
-    print(f"{'case':<20} {'median s':>9} {'files/s':>9} {'MiB/s':>7} {'x cp -r':>8}  goal")
-    for name, seconds in median_s.items():
-        goal = ""
-        if name == "stage":
-            speedup = base / seconds
-            goal = f">= {GOAL_SPEEDUP_VS_CP:g}x cp -r: {'ok' if speedup >= GOAL_SPEEDUP_VS_CP else 'BELOW'}"
-        elif name.startswith("restage"):
-            fraction = seconds / median_s["stage"]
-            goal = (f"{fraction:.1%} of first stage, <= {GOAL_RESTAGE_FRACTION:.0%}: "
-                    f"{'ok' if fraction <= GOAL_RESTAGE_FRACTION else 'BELOW'}")
-        elif name == "cp -r":
-            goal = "(baseline)"
-        copies = not name.startswith("restage")
-        rate = f"{args.files / seconds:9.0f} {num_bytes / 2**20 / seconds:7.1f}" if copies else f"{'-':>9} {'-':>7}"
-        print(f"{name:<20} {seconds:9.3f} {rate} {base / seconds:7.2f}x  {goal}")
+    with tempfile.TemporaryDirectory(prefix="bench-staging-", dir=args.tmp) as tmp_name:
+        tmp = Path(tmp_name)
+        if args.only in (None, "small"):
+            src = tmp / "small-src"
+            num_bytes = make_source(src, args.files, args.min_bytes, args.max_bytes, args.seed)
+            run_set("small", src, tmp, args.files, num_bytes, args)
+            shutil.rmtree(src)
+        if args.only in (None, "large"):
+            src = tmp / "large-src"
+            num_bytes = make_large_source(src, args.large_files, args.large_mib * 2**20, args.seed)
+            run_set("large", src, tmp, args.large_files, num_bytes, args)
     return 0
 
 

@@ -560,3 +560,260 @@ def test_staging_modules_never_import_torch():
             "import embodyhpc.data.staging\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# --- restage fast path and verify modes ------------------------------------------------------------------
+
+
+def forbid_reading_staged_or_source_content(monkeypatch) -> None:
+    """Every content read staging does goes through these: make each one fail the test."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a restage of unchanged data read file contents")
+
+    for name in ("copy_file", "copy_chunk", "start_large_copy", "hash_batch", "hash_chunk", "leaf_hasher"):
+        monkeypatch.setattr(transfer, name, forbidden)
+    monkeypatch.setattr(manifest_module, "file_hash", forbidden)
+
+
+def count_rehashes(monkeypatch) -> list[str]:
+    """Record every staged file (small) or chunk (large) that verification reads."""
+    read: list[str] = []
+    real_batch, real_chunk = transfer.hash_batch, transfer.hash_chunk
+
+    def hash_batch(dest_root, task, from_device=False):
+        read.extend(f.rel for f in task.files)
+        return real_batch(dest_root, task, from_device)
+
+    def hash_chunk(dest_root, task, from_device=False):
+        read.append(task.file.rel)
+        return real_chunk(dest_root, task, from_device)
+
+    monkeypatch.setattr(transfer, "hash_batch", hash_batch)
+    monkeypatch.setattr(transfer, "hash_chunk", hash_chunk)
+    return read
+
+
+def test_unchanged_restage_is_a_stat_walk_that_reads_no_content(src, dest, monkeypatch):
+    first = stage(src, dest, progress=False)
+    assert first.verify == "quick" and first.verified and first.num_files_rehashed == 0  # hashed while copying
+    manifest_before = (dest / MANIFEST_NAME).read_bytes()
+    forbid_reading_staged_or_source_content(monkeypatch)
+
+    result = stage(src, dest, progress=False)
+
+    assert (result.num_files_copied, result.num_files_rehashed, result.num_files_repaired) == (0, 0, 0)
+    assert result.num_files_skipped == len(read_tree(src)) and result.verified
+    assert (dest / MANIFEST_NAME).read_bytes() == manifest_before
+    assert load_manifest(dest).complete and load_manifest(dest).verified
+
+
+def test_source_modified_with_same_size_and_new_mtime_is_copied_again(src, dest, monkeypatch):
+    stage(src, dest, progress=False)
+    rel = "data/chunk-000/file-004.parquet"
+    path = src / rel
+    before = path.stat()
+    path.write_bytes(os.urandom(before.st_size))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
+    copied = count_copies(monkeypatch)
+
+    result = stage(src, dest, progress=False)
+
+    assert copied == [rel] and result.num_files_copied == 1
+    assert (dest / rel).read_bytes() == path.read_bytes()
+    verify_staged(dest)
+
+
+def test_source_replaced_with_same_size_and_mtime_is_copied_again(src, dest, monkeypatch):
+    """A new file renamed over the old one (rsync, cp -p): size and mtime equal, the inode tells."""
+    stage(src, dest, progress=False)
+    rel = "data/chunk-000/file-006.parquet"
+    path = src / rel
+    before = path.stat()
+    replacement = src / "data/replacement.tmp"
+    replacement.write_bytes(os.urandom(before.st_size))
+    os.utime(replacement, ns=(before.st_atime_ns, before.st_mtime_ns))
+    keep_alive = path.open("rb")  # holds the old inode, so the filesystem cannot hand its number out again
+    try:
+        os.replace(replacement, path)
+        assert path.stat().st_ino != before.st_ino and path.stat().st_mtime_ns == before.st_mtime_ns
+        copied = count_copies(monkeypatch)
+        stage(src, dest, progress=False)
+    finally:
+        keep_alive.close()
+
+    assert copied == [rel]
+    assert (dest / rel).read_bytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize("rel", ["data/chunk-000/file-002.parquet", LARGE])
+def test_staged_file_truncated_after_staging_is_copied_again(src, dest, monkeypatch, rel):
+    stage(src, dest, progress=False)
+    path = dest / rel
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+    copied = count_copies(monkeypatch)
+
+    result = stage(src, dest, progress=False)
+
+    assert copied == [rel] and result.num_files_copied == 1
+    assert_mirrors(src, dest)
+    verify_staged(dest)
+
+
+@pytest.mark.parametrize("rel", ["data/chunk-000/file-009.parquet", LARGE])
+def test_staged_file_edited_after_staging_with_mtime_restored_is_rehashed_and_repaired(src, dest, monkeypatch,
+                                                                                       rel):
+    """An edit that keeps size and (restored) mtime still moves ctime: quick re-hashes just that file."""
+    stage(src, dest, progress=False)
+    flip_byte(dest / rel, 1)
+    rehashed = count_rehashes(monkeypatch)
+
+    result = stage(src, dest, progress=False)
+
+    assert (result.num_files_repaired, result.num_files_copied) == (1, 1)
+    assert set(rehashed) == {rel}  # only the file whose stat moved was read
+    assert_mirrors(src, dest)
+    verify_staged(dest)
+
+
+def test_chmod_of_a_staged_file_costs_a_rehash_not_a_copy(src, dest, monkeypatch):
+    stage(src, dest, progress=False)
+    rel = "meta/info.json"
+    os.chmod(dest / rel, 0o640)
+    copied = count_copies(monkeypatch)
+    rehashed = count_rehashes(monkeypatch)
+
+    result = stage(src, dest, progress=False)
+
+    assert copied == [] and rehashed == [rel] and result.num_files_rehashed == 1
+    rehashed.clear()
+    assert stage(src, dest, progress=False).num_files_rehashed == 0 and rehashed == []  # new signature recorded
+
+
+def simulate_bit_rot(dest: Path, rel: str, offset: int) -> None:
+    """Flip a byte so that stat cannot tell: size and mtime restored, and the manifest's ctime moved along
+    (the device corrupting data behind the filesystem's back changes no metadata at all)."""
+    flip_byte(dest / rel, offset)
+    data = json.loads((dest / MANIFEST_NAME).read_text())
+    data["files"][rel][6] = (dest / rel).stat().st_ctime_ns  # [size, mtime, hash, dest_mtime, ino, dino, dctime]
+    (dest / MANIFEST_NAME).write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("rel, offset", [("data/chunk-000/file-011.parquet", 40), (LARGE, 4 * CHUNK + 7)])
+def test_full_verification_catches_what_stat_cannot_see(src, dest, rel, offset):
+    stage(src, dest, progress=False)
+    simulate_bit_rot(dest, rel, offset)
+
+    quick = stage(src, dest, progress=False)
+    assert quick.num_files_copied == 0 and quick.num_files_rehashed == 0  # the documented limit of quick
+    with pytest.raises(StagedDataError, match="hash mismatch"):
+        verify_staged(dest, full=True)
+    verify_staged(dest, full=False)  # the stat check alone is fooled too
+
+    full = stage(src, dest, verify="full", progress=False)
+
+    assert (full.num_files_repaired, full.num_files_copied, full.verify) == (1, 1, "full")
+    assert full.num_files_rehashed == len(read_tree(src)) + 1  # every file, plus the repaired one again
+    assert_mirrors(src, dest)
+    verify_staged(dest)
+
+
+def test_write_interrupted_mid_file_resumes_and_completes(src, dest, monkeypatch):
+    """An exception in the middle of writing a file (after some of its bytes landed) stops the run; the next
+    run finishes the copy, and nothing half-written is ever listed."""
+    real_write_all = transfer._write_all
+    writes = []
+
+    def fails_on_write_31(fd, data, offset=None):
+        # with one worker: writes 0-28 are the two large files' blocks (largest first), then small files
+        if len(writes) == 31:
+            os.write(fd, bytes(data[: max(1, len(data) // 2)]))  # a torn write, then the failure
+            raise OSError(5, "simulated I/O error")
+        writes.append(len(data))
+        return real_write_all(fd, data, offset)
+
+    monkeypatch.setattr(transfer, "_write_all", fails_on_write_31)
+    with pytest.raises(StagingError, match="simulated I/O error"):
+        stage(src, dest, workers=1, progress=False)
+
+    manifest = load_manifest(dest)
+    assert not manifest.complete and 0 < len(manifest.files) < len(read_tree(src))
+    for rel, entry in manifest.files.items():
+        assert file_hash(dest / rel, CHUNK) == entry.hash
+    with pytest.raises(StagedDataError, match="did not finish"):
+        verify_staged(dest)
+
+    monkeypatch.setattr(transfer, "_write_all", real_write_all)
+    result = stage(src, dest, progress=False)
+
+    assert result.num_files_skipped == len(manifest.files)
+    assert result.num_files_copied == len(read_tree(src)) - len(manifest.files)
+    assert_mirrors(src, dest)
+    verify_staged(dest)
+
+
+def test_unlisted_file_left_at_its_final_name_is_copied_again(src, dest):
+    """What a SIGKILL during an in-place write of a new file leaves: a torn file the manifest does not list."""
+    stage(src, dest, progress=False)
+    rel = "data/chunk-000/file-010.parquet"
+    data = json.loads((dest / MANIFEST_NAME).read_text())
+    del data["files"][rel]
+    data["complete"] = False
+    (dest / MANIFEST_NAME).write_text(json.dumps(data))
+    (dest / rel).write_bytes(b"torn")
+    os.utime(dest / rel, ns=((src / rel).stat().st_atime_ns, (src / rel).stat().st_mtime_ns))
+
+    result = stage(src, dest, progress=False)
+
+    assert result.num_files_copied == 1
+    assert_mirrors(src, dest)
+    verify_staged(dest)
+
+
+def test_version_1_manifest_is_rehashed_once_and_upgraded(src, dest, monkeypatch):
+    stage(src, dest, progress=False)
+    data = json.loads((dest / MANIFEST_NAME).read_text())
+    data["version"] = 1
+    data["files"] = {rel: {"size": e[0], "mtime_ns": e[1], "hash": e[2]} for rel, e in data["files"].items()}
+    (dest / MANIFEST_NAME).write_text(json.dumps(data))
+    assert all(not e.checked for e in load_manifest(dest).files.values())
+    copied = count_copies(monkeypatch)
+
+    result = stage(src, dest, progress=False)
+
+    assert copied == [] and result.num_files_rehashed == len(read_tree(src))
+    assert json.loads((dest / MANIFEST_NAME).read_text())["version"] == 2
+    forbid_reading_staged_or_source_content(monkeypatch)
+    assert stage(src, dest, progress=False).num_files_rehashed == 0
+
+
+def test_verify_modes_and_their_spellings(src, dest):
+    assert stage(src, dest, verify=True, progress=False).verify == "quick"
+    assert stage(src, dest, verify=False, progress=False).verify == "none"
+    assert stage(src, dest, verify="FULL", progress=False).verify == "full"
+    with pytest.raises(StageInputError, match="verify must be one of"):
+        stage(src, dest, verify="sometimes", progress=False)
+
+
+def test_staging_config_verify_keeps_old_recipes_valid():
+    from embodyhpc.config.schema import StagingConfig
+    from embodyhpc.errors import ConfigError
+
+    assert StagingConfig().verify == "quick"
+    assert StagingConfig(verify="true").verify == "quick" and StagingConfig(verify="false").verify == "none"
+    assert StagingConfig(verify=True).verify == "quick" and StagingConfig(verify="full").verify == "full"
+    with pytest.raises(ConfigError, match="staging.verify"):
+        StagingConfig(verify="sometimes")
+
+
+def test_stage_cli_takes_a_verify_mode(src, dest):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    runner = CliRunner()
+    out = runner.invoke(app, ["stage", str(src), str(dest), "--verify", "full", "-q"])
+    assert out.exit_code == 0, out.output
+    assert "(full)" in out.output and f"{len(read_tree(src))} re-hashed" in out.output
+    out = runner.invoke(app, ["stage", str(src), str(dest), "--no-verify", "-q"])
+    assert out.exit_code == 0 and "(none)" in out.output

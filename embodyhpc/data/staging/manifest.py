@@ -17,10 +17,25 @@ BLAKE2b over the file, or a sampled hash (size + head/middle/tail blocks)?
 - The source is never read twice: leaves are hashed from the buffers being copied. Restaging decides from
   stat (size, mtime) and never re-reads the parallel filesystem; re-hashing reads only the local copy.
 128 bits is ample against accidental corruption (this is not a defence against tampering).
+
+Format version 2 (version 1 manifests still load; their files are re-hashed once, then recorded in version 2)
+stores each file as a list, `[size, mtime_ns, hash, dest_mtime_ns, src_ino, dest_ino, dest_ctime_ns]` (a
+quarter of the parse time of version 1's objects), and adds what lets a restage skip re-hashing:
+- `src_ino`: the source file's inode. A source replaced by a new file (rsync, `cp -p`, a tool writing a temp
+  file and renaming it) with the same size and mtime has a new inode, so it is copied again. st_dev is not
+  recorded: a network filesystem's device number can change across remounts, which would force full re-copies.
+- `dest_ino`, `dest_ctime_ns`: the staged file's inode and ctime when its content was last known to hash to
+  `hash` (it was written from the hashed bytes, or re-read and re-hashed). Any write, truncation, chmod, touch
+  or `os.utime` (even one restoring the old mtime) moves ctime, and user space cannot set ctime back, so a
+  staged file whose (size, mtime, inode, ctime) all still match has not been changed through the filesystem
+  since it was checked. What stat cannot see: bit rot, a lost or misdirected write on the device, writes
+  through the raw block device. `verify="full"` re-hashes every file for those.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import os
@@ -37,7 +52,8 @@ CONTROL_PREFIX = ".embodyhpc-stage"
 MANIFEST_NAME = CONTROL_PREFIX + ".json"
 PARTIAL_SUFFIX = ".embodyhpc.partial"
 """A file being copied is written to `<name>.embodyhpc.partial` and renamed when complete."""
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 HASH_NAME = "blake2b-128-tree"
 CHUNK_BYTES = 64 * 1024 * 1024
 """Leaf size of the hash, and the unit large files are copied and verified in, in parallel."""
@@ -75,7 +91,7 @@ def file_hash(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES) -> str:
     return root_hash(leaf.digest() for leaf in leaves)
 
 
-@dataclass
+@dataclass(slots=True)
 class FileEntry:
     size: int
     mtime_ns: int
@@ -83,16 +99,36 @@ class FileEntry:
     hash: str
     dest_mtime_ns: int | None = None
     """The staged file's mtime, recorded only where its filesystem stores a different one (coarser clock)."""
+    src_ino: int | None = None
+    """The source file's inode (None: unknown, from a version 1 manifest or a filesystem reporting 0)."""
+    dest_ino: int | None = None
+    """The staged file's inode when its content was last known to match `hash` (None: never checked)."""
+    dest_ctime_ns: int | None = None
+    """The staged file's ctime at that moment."""
 
     @property
     def staged_mtime_ns(self) -> int:
         return self.mtime_ns if self.dest_mtime_ns is None else self.dest_mtime_ns
 
-    def to_json(self) -> dict[str, Any]:
-        data = {"size": self.size, "mtime_ns": self.mtime_ns, "hash": self.hash}
-        if self.dest_mtime_ns is not None:
-            data["dest_mtime_ns"] = self.dest_mtime_ns
-        return data
+    @property
+    def checked(self) -> bool:
+        """The staged file's stat signature at its last content check is recorded."""
+        return self.dest_ino is not None and self.dest_ctime_ns is not None
+
+    def to_json(self) -> list[Any]:
+        return [self.size, self.mtime_ns, self.hash, self.dest_mtime_ns, self.src_ino, self.dest_ino,
+                self.dest_ctime_ns]
+
+    @classmethod
+    def from_json(cls, data: Any) -> FileEntry:
+        if isinstance(data, dict):  # version 1
+            dest_mtime = data.get("dest_mtime_ns")
+            return cls(int(data["size"]), int(data["mtime_ns"]), str(data["hash"]),
+                       None if dest_mtime is None else int(dest_mtime))
+        entry = cls(*data)  # 7 fields, or TypeError (an unreadable manifest)
+        if type(entry.size) is not int or type(entry.mtime_ns) is not int or type(entry.hash) is not str:
+            raise ValueError(f"malformed file entry {data!r}")
+        return entry  # optional ints that are not: never equal to a stat value, so the file is re-checked
 
 
 @dataclass
@@ -111,11 +147,10 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
-        if data.get("version") != MANIFEST_VERSION or data.get("hash") != HASH_NAME:
+        if data.get("version") not in READABLE_VERSIONS or data.get("hash") != HASH_NAME:
             raise ValueError(f"version {data.get('version')!r} / hash {data.get('hash')!r} is not "
-                             f"{MANIFEST_VERSION} / {HASH_NAME}")
-        files = {rel: FileEntry(int(e["size"]), int(e["mtime_ns"]), str(e["hash"]), e.get("dest_mtime_ns"))
-                 for rel, e in data["files"].items()}
+                             f"one of {READABLE_VERSIONS} / {HASH_NAME}")
+        files = {rel: FileEntry.from_json(e) for rel, e in data["files"].items()}
         return cls(source=str(data["source"]), chunk_bytes=int(data["chunk_bytes"]), files=files,
                    complete=bool(data["complete"]), verified=bool(data["verified"]))
 
@@ -161,5 +196,32 @@ def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_libc: Any = None
+
+
+def sync_filesystem(path: str | os.PathLike) -> None:
+    """Make everything written to the filesystem holding `path` durable: syncfs(2) on Linux, sync(2) elsewhere.
+
+    Staging writes files without fsync and calls this once before a manifest that lists them is written: one
+    flush of the whole tree costs far less than an fsync per file, and the manifest still never lists a file
+    whose data could be lost in a crash (the manifest itself is fsynced after this returns).
+    """
+    global _libc
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        _libc = ctypes.CDLL(name, use_errno=True) if name else False
+    syncfs = getattr(_libc, "syncfs", None) if _libc else None
+    if syncfs is None:
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs failed: {os.strerror(err)}", str(path))
     finally:
         os.close(fd)

@@ -52,8 +52,8 @@ def job_id_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
 
 
 def stage_on_node(src: str | os.PathLike, dest: str | os.PathLike, *, local_rank: int, job_id: str | None = None,
-                  workers: int = 8, verify: bool = True, progress: bool = True, timeout_s: float = 6 * 3600.0,
-                  poll_s: float = 1.0, stale_s: float = 120.0) -> StageResult:
+                  workers: int = 8, verify: bool | str = "quick", progress: bool = True,
+                  timeout_s: float = 6 * 3600.0, poll_s: float = 1.0, stale_s: float = 120.0) -> StageResult:
     """Stage `src` into `dest` once per node; every local rank returns the copier's StageResult.
 
     local_rank 0 runs `stage(src, dest, workers=, verify=, progress=)`; the other local ranks poll every

@@ -1,25 +1,44 @@
 """`stage(src, dest)`: mirror a dataset folder onto node-local storage, resumably and verified.
 
 One run, under an exclusive lock on DEST (runs into the same folder take turns, never interleave):
-1. list SRC and DEST and load the manifest. A file is unchanged when the manifest recorded it with the
-   source's current size and mtime and the staged file still has that size and mtime: no source bytes are read;
+1. list SRC and DEST (stat only) and load the manifest. A file is kept without reading it when the manifest
+   recorded the source's current size, mtime and inode, and the staged file still has the size, mtime, inode
+   and ctime recorded when its content was last checked (manifest.py: what that signature can and cannot see);
+   a staged file with the right size and mtime whose inode or ctime moved is re-hashed (`verify="quick"`);
 2. check free space for what is left to copy, before changing anything;
 3. delete what SRC no longer has (and partial files left by a killed run), create folders;
-4. copy the rest in parallel (partial file, then rename), recording each finished file in the manifest, which
-   is rewritten every MANIFEST_FLUSH_INTERVAL_S and whenever the run stops: a killed run resumes from the last
-   manifest, and a partial file never looks complete;
-5. with `verify`, re-hash every staged file against the manifest, copy damaged ones again and re-check them;
+4. copy the rest in parallel, hashing each byte as it is copied (the source is read once), recording each
+   finished file in the manifest, which is rewritten every MANIFEST_FLUSH_INTERVAL_S and whenever the run
+   stops: a killed run resumes from the last manifest, and a file the manifest does not list counts for nothing;
+5. re-hash what the verify mode asks for (quick: staged files whose signature moved; full: every staged file,
+   read past the page cache), copy damaged ones again and re-check them;
 6. mark the manifest complete (`verify_staged` refuses a copy whose manifest is not).
+
+Crash safety without an fsync per file: files are written without fsync, and every manifest write that adds
+files is preceded by one syncfs(2) of DEST's filesystem. The manifest (written atomically, fsynced) therefore
+only ever lists files whose data is already durable; a file written but not yet listed is copied again by the
+next run, whatever state a crash left it in.
+
+Verify modes (`verify=`, `staging.verify`, `embodyhpc stage --verify`):
+- "quick" (default; also `True`): the content hash is taken from the bytes as they are copied, and restaging
+  trusts a staged file only while its stat signature is unchanged since that hash (or a later re-hash), so an
+  unchanged tree restages with a stat walk and no reads. Catches truncation, deletion and any write, chmod or
+  utime to a staged file (ctime moves), and any change to the source; does not catch bit rot or device-level
+  corruption that leaves metadata alone.
+- "full": additionally re-hashes every staged file on every run, reading from the device rather than the page
+  cache (fadvise DONTNEED after the sync): one local read of the dataset per run, catches bit rot too.
+- "none" (also `False`): never reads staged files; trusts size and mtime alone (version 1 behaviour).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sys
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from embodyhpc.data.staging import manifest as manifest_module
@@ -35,6 +54,7 @@ from embodyhpc.data.staging.manifest import (
     load_manifest,
     manifest_path,
     num_leaves,
+    sync_filesystem,
     write_manifest,
 )
 from embodyhpc.data.staging.progress import Progress, format_bytes
@@ -48,6 +68,28 @@ SPACE_MARGIN_BYTES = 256 * 1024 * 1024
 """Left free beyond what the copy needs: other jobs and logs share node-local disks."""
 SPACE_MARGIN_FRACTION = 0.02
 _ALLOCATION_BYTES = 4096  # files occupy whole filesystem blocks
+RACY_NS = 20_000_000
+"""A manifest is written at least this long after the newest ctime it records. Timestamps come from a coarse
+kernel clock (one tick: up to 10 ms); were a staged file changed in the tick its signature was taken in, its
+ctime would not move. Waiting two ticks before the manifest is written means any change after the manifest
+exists gets a later ctime (the same race git calls racy-clean)."""
+VERIFY_MODES = ("quick", "full", "none")
+_VERIFY_ALIASES = {"true": "quick", "yes": "quick", "on": "quick", "1": "quick",
+                   "false": "none", "no": "none", "off": "none", "0": "none"}
+
+
+def verify_mode(verify: bool | str) -> str:
+    """"quick", "full" or "none" from a verify argument or recipe value (True: quick, False: none)."""
+    if verify is True:
+        return "quick"
+    if verify is False:
+        return "none"
+    text = str(verify).strip().lower()
+    text = _VERIFY_ALIASES.get(text, text)
+    if text not in VERIFY_MODES:
+        raise StageInputError(f"verify must be one of {', '.join(VERIFY_MODES)} (or true/false), got {verify!r}",
+                              key="staging.verify", fix="use quick (the default), full or none")
+    return text
 
 
 @dataclass(frozen=True)
@@ -62,29 +104,37 @@ class StageResult:
     num_bytes_copied: int
     elapsed_s: float
     verified: bool
-    """Every staged file was re-hashed in this run and matched the manifest."""
+    """Every staged file is known to match its manifest hash: hashed as it was copied, re-hashed in this run, or
+    (quick) unchanged in stat since such a check. False with verify="none"."""
     num_files_repaired: int = 0
     """Staged files that failed verification and were copied again (counted in num_files_copied as well)."""
+    verify: str = "quick"
+    """The verify mode of the run (stage.py's docstring)."""
+    num_files_rehashed: int = 0
+    """Staged files read and re-hashed in this run (rechecks, every file with verify="full", repairs)."""
 
     def summary(self) -> str:
         rate = format_bytes(self.num_bytes_copied / max(self.elapsed_s, 1e-9))
         return (f"staged {self.src} -> {self.dest}: {self.num_files_copied} files copied "
                 f"({format_bytes(self.num_bytes_copied)}, {rate}/s), {self.num_files_skipped} unchanged, "
                 f"{self.num_files_removed} removed, {self.num_files_repaired} repaired, "
-                f"{'verified' if self.verified else 'not verified'}, {self.elapsed_s:.1f} s")
+                f"{self.num_files_rehashed} re-hashed, {'verified' if self.verified else 'not verified'} "
+                f"({self.verify}), {self.elapsed_s:.1f} s")
 
 
-def stage(src: str | os.PathLike, dest: str | os.PathLike, *, workers: int = 8, verify: bool = True,
+def stage(src: str | os.PathLike, dest: str | os.PathLike, *, workers: int = 8, verify: bool | str = "quick",
           progress: bool = True) -> StageResult:
     """Mirror the folder `src` into `dest` (created if missing) and return what was done.
 
-    workers: copy threads. verify: afterwards re-hash the whole staged copy (one read of the local copy) and
-    re-copy what does not match; False trusts size and mtime. progress: a bar on a terminal, a line every
-    10 s otherwise, and a summary line at the end, all on stderr.
+    workers: copy threads. verify: "quick" (default, True), "full" or "none" (False), see the module docstring:
+    quick re-hashes only staged files whose stat signature moved, full re-hashes the whole staged copy from
+    the device, none trusts size and mtime. Files that do not match are copied again. progress: a bar on a
+    terminal, a line every 10 s otherwise, and a summary line at the end, all on stderr.
     Raises StageInputError (bad arguments), NotEnoughSpaceError (before anything is copied), StagingError,
     and StagedDataError when a file still differs after being copied again.
     """
     start = time.monotonic()
+    mode = verify_mode(verify)
     src_path, dest_path = _check_paths(src, dest)
     if workers < 1:
         raise StageInputError(f"workers must be at least 1, got {workers}", key="staging.copy_workers",
@@ -94,9 +144,15 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, workers: int = 8, 
     except OSError as exc:
         raise StagingError(f"cannot create the destination folder ({exc.strerror})", where=str(dest_path),
                            fix="pick a writable node-local folder (staging.nvme_dir)") from exc
-    with dest_lock(dest_path, exclusive=True, announce=_print_stderr if progress else None), \
-            ThreadPoolExecutor(workers, thread_name_prefix="embodyhpc-stage") as pool:
-        result = _StageRun(str(src_path), str(dest_path), pool, workers, progress).run(verify, start)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # tens of thousands of small records and no cycles: collections would only cost time
+    try:
+        with dest_lock(dest_path, exclusive=True, announce=_print_stderr if progress else None), \
+                ThreadPoolExecutor(workers, thread_name_prefix="embodyhpc-stage") as pool:
+            result = _StageRun(str(src_path), str(dest_path), pool, workers, progress).run(mode, start)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     if progress:
         _print_stderr(result.summary())
     return result
@@ -113,8 +169,11 @@ class _StageRun:
         self.progress = progress
         self.manifest = Manifest(src)
         self._flushed_at = 0.0
+        self._unsynced = False
+        """Files were recorded since the last sync: sync before the manifest lists them."""
+        self._newest_ctime_ns = 0
 
-    def run(self, verify: bool, start: float) -> StageResult:
+    def run(self, mode: str, start: float) -> StageResult:
         previous = self._previous_manifest()
         chunk_bytes = manifest_module.CHUNK_BYTES
         src_files, src_dirs = scan_source(self.src, self.pool)
@@ -135,32 +194,55 @@ class _StageRun:
         self._remove(plan)
         num_bytes = self._copy(plan.to_copy, "copy")
         damaged: list[SourceFile] = []
-        if verify:
-            problems = verify_files(self.dest, self.manifest.files, chunk_bytes, self.pool, window=self.window,
-                                    progress=self.progress)
+        rehashed = 0
+        resigned = False
+        if mode != "none":
+            if mode == "full":
+                self._sync()  # cached pages must be clean before they can be dropped and read from the device
+                to_check = self.manifest.files
+            else:
+                to_check = {rel: self.manifest.files[rel] for rel in plan.recheck}
+            rehashed = len(to_check)
+            problems, matched = verify_files(self.dest, to_check, chunk_bytes, self.pool, window=self.window,
+                                             progress=self.progress, from_device=mode == "full")
+            resigned = self._record_signatures(matched)
             damaged = [src_files[rel] for rel, _ in problems]
             if damaged:
                 for f in damaged:
                     del self.manifest.files[f.rel]
                 self._flush()
                 num_bytes += self._copy(damaged, "repair")
-                still = verify_files(self.dest, {f.rel: self.manifest.files[f.rel] for f in damaged}, chunk_bytes,
-                                     self.pool, window=self.window, progress=False)
+                rehashed += len(damaged)
+                still, matched = verify_files(self.dest, {f.rel: self.manifest.files[f.rel] for f in damaged},
+                                              chunk_bytes, self.pool, window=self.window, progress=False,
+                                              from_device=True)
+                self._record_signatures(matched)
                 if still:
                     raise damaged_error(self.dest, still, "check the node-local disk (dmesg, SMART): these files "
                                         "were copied again and still differ")
         self.manifest.complete = True
         # a copy verified earlier stays verified as long as nothing in it changes
-        self.manifest.verified = verify or (was_verified and not dirty)
-        if dirty or damaged or not was_complete or self.manifest.verified != was_verified:
+        self.manifest.verified = mode != "none" or (was_verified and not dirty and not plan.recheck)
+        if dirty or damaged or resigned or not was_complete or self.manifest.verified != was_verified:
             self._flush()
         repaired_unchanged = len({f.rel for f in damaged} & set(plan.unchanged))
         return StageResult(
             src=self.src, dest=self.dest, num_files_copied=len(plan.to_copy) + repaired_unchanged,
             num_files_skipped=len(plan.unchanged) - repaired_unchanged,
             num_files_removed=sum(not rel.endswith(PARTIAL_SUFFIX) for rel in plan.remove_files),
-            num_bytes_copied=num_bytes, elapsed_s=time.monotonic() - start, verified=verify,
-            num_files_repaired=len(damaged))
+            num_bytes_copied=num_bytes, elapsed_s=time.monotonic() - start, verified=mode != "none",
+            num_files_repaired=len(damaged), verify=mode, num_files_rehashed=rehashed)
+
+    def _record_signatures(self, matched: dict[str, tuple[int, int]]) -> bool:
+        """Record the signatures of re-hashed files that matched; True when any entry changed."""
+        changed = False
+        for rel, (ino, ctime_ns) in matched.items():
+            entry = self.manifest.files[rel]
+            if (entry.dest_ino, entry.dest_ctime_ns) != (ino, ctime_ns):
+                self.manifest.files[rel] = replace(entry, dest_ino=ino, dest_ctime_ns=ctime_ns)
+                self._newest_ctime_ns = max(self._newest_ctime_ns, ctime_ns)
+                changed = True
+        return changed
 
     def _previous_manifest(self) -> Manifest | None:
         if not manifest_path(Path(self.dest)).exists():
@@ -240,10 +322,28 @@ class _StageRun:
         return num_bytes
 
     def _record(self, f: SourceFile, copied: Copied) -> int:
-        self.manifest.files[f.rel] = FileEntry(copied.size, f.mtime_ns, copied.hash, copied.dest_mtime_ns)
+        self.manifest.files[f.rel] = FileEntry(copied.size, f.mtime_ns, copied.hash, copied.dest_mtime_ns,
+                                               f.ino or None, copied.dest_ino, copied.dest_ctime_ns)
+        self._unsynced = True
+        if copied.dest_ctime_ns is not None and copied.dest_ctime_ns > self._newest_ctime_ns:
+            self._newest_ctime_ns = copied.dest_ctime_ns
         return copied.size
 
+    def _sync(self) -> None:
+        if self._unsynced:
+            try:
+                sync_filesystem(self.dest)
+            except OSError as exc:
+                raise StagingError(f"cannot flush the staged files to disk ({exc.strerror or exc})",
+                                   where=self.dest, fix="check the node-local disk (dmesg)") from exc
+            self._unsynced = False
+
     def _flush(self) -> None:
+        """Write the manifest: after the data of every file it lists is durable, and after RACY_NS."""
+        self._sync()
+        wait_ns = self._newest_ctime_ns + RACY_NS - time.time_ns()
+        if wait_ns > 0:
+            time.sleep(wait_ns / 1e9)
         write_manifest(Path(self.dest), self.manifest)
         self._flushed_at = time.monotonic()
 

@@ -24,6 +24,7 @@ class SourceFile:
     size: int
     mtime_ns: int
     mode: int
+    ino: int = 0
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,19 @@ class DestFile:
     size: int
     mtime_ns: int
     regular: bool
+    ino: int = 0
+    ctime_ns: int = 0
 
 
 @dataclass
 class Plan:
     to_copy: list[SourceFile] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    """Source and staged file unchanged since the staged one was last checked: kept without reading it."""
+    recheck: list[str] = field(default_factory=list)
+    """Source unchanged and the staged file has the right size and mtime, but its inode or ctime moved since
+    its last check (or none was recorded): kept if re-hashing it matches the manifest, else copied again.
+    Also in `unchanged`."""
     remove_files: list[str] = field(default_factory=list)
     """Destination files not in the source (old files, strays, leftover partial copies), deleted first."""
     remove_dirs: list[str] = field(default_factory=list)
@@ -101,7 +109,7 @@ def scan_source(src: str, pool: Executor) -> tuple[dict[str, SourceFile], list[s
         out = []
         for rel, entry in batch:
             st = entry.stat()
-            out.append(SourceFile(rel, st.st_size, st.st_mtime_ns, st.st_mode))
+            out.append(SourceFile(rel, st.st_size, st.st_mtime_ns, st.st_mode, st.st_ino))
         return out
 
     batches = [entries[i:i + _STAT_BATCH] for i in range(0, len(entries), _STAT_BATCH)]
@@ -118,29 +126,46 @@ def scan_dest(dest: str) -> tuple[dict[str, DestFile], list[str]]:
             dirs.append(rel)
         else:
             st = entry.stat(follow_symlinks=False)
-            files[rel] = DestFile(st.st_size, st.st_mtime_ns, stat.S_ISREG(st.st_mode))
+            files[rel] = DestFile(st.st_size, st.st_mtime_ns, stat.S_ISREG(st.st_mode), st.st_ino, st.st_ctime_ns)
     return files, dirs
 
 
-def is_unchanged(src: SourceFile, entry: FileEntry | None, dest: DestFile | None) -> bool:
-    """Skip the copy when the manifest recorded this very source file and the staged file still looks like it.
+KEEP, RECHECK, COPY = "keep", "recheck", "copy"
 
-    Decided from stat alone, so restaging never re-reads the source; content damage that keeps size and
-    mtime is what verification (re-hashing the staged copy) is for.
+
+def classify(src: SourceFile, entry: FileEntry | None, dest: DestFile | None) -> str:
+    """KEEP, RECHECK or COPY one source file, from stat alone (restaging never re-reads the source).
+
+    COPY unless the manifest recorded this very source file (size, mtime and, where both are known, inode)
+    and the staged file still has the recorded size and mtime. Then KEEP when the staged file's inode and
+    ctime also match those recorded at its last content check (manifest.py: why ctime), else RECHECK.
     """
-    return (entry is not None and dest is not None and dest.regular
-            and entry.size == src.size and entry.mtime_ns == src.mtime_ns
-            and dest.size == entry.size and dest.mtime_ns == entry.staged_mtime_ns)
+    if (entry is None or dest is None or not dest.regular or entry.size != src.size
+            or entry.mtime_ns != src.mtime_ns or dest.size != entry.size or dest.mtime_ns != entry.staged_mtime_ns):
+        return COPY
+    if entry.src_ino and src.ino and entry.src_ino != src.ino:
+        return COPY
+    if entry.dest_ino == dest.ino and entry.dest_ctime_ns == dest.ctime_ns:
+        return KEEP
+    return RECHECK
+
+
+def is_unchanged(src: SourceFile, entry: FileEntry | None, dest: DestFile | None) -> bool:
+    """Source file and staged file as the manifest recorded them (size and mtime; inode and ctime too)."""
+    return classify(src, entry, dest) == KEEP
 
 
 def make_plan(src_files: dict[str, SourceFile], src_dirs: list[str], dest_files: dict[str, DestFile],
               dest_dirs: list[str], recorded: dict[str, FileEntry]) -> Plan:
     plan = Plan()
     for rel, src in src_files.items():
-        if is_unchanged(src, recorded.get(rel), dest_files.get(rel)):
-            plan.unchanged.append(rel)
-        else:
+        kind = classify(src, recorded.get(rel), dest_files.get(rel))
+        if kind == COPY:
             plan.to_copy.append(src)
+        else:
+            plan.unchanged.append(rel)
+            if kind == RECHECK:
+                plan.recheck.append(rel)
     for rel, dest in dest_files.items():
         if rel not in src_files:
             plan.remove_files.append(rel)

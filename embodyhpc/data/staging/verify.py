@@ -15,7 +15,7 @@ from embodyhpc.data.staging.errors import StagedDataError
 from embodyhpc.data.staging.lock import dest_lock
 from embodyhpc.data.staging.manifest import MANIFEST_NAME, FileEntry, load_manifest, num_leaves, root_hash
 from embodyhpc.data.staging.progress import Progress
-from embodyhpc.data.staging.transfer import Chunk, WholeFiles, make_tasks, run_tasks
+from embodyhpc.data.staging.transfer import Chunk, Signature, WholeFiles, make_tasks, run_tasks
 from embodyhpc.data.staging.tree import SourceFile
 
 TASKS_PER_WORKER = 4  # in flight per worker: enough to keep every worker busy, little memory
@@ -32,11 +32,13 @@ class VerifyResult:
 
 
 def verify_staged(dest: str | os.PathLike, *, src: str | os.PathLike | None = None, workers: int = 8,
-                  progress: bool = False) -> VerifyResult:
-    """Re-hash every file of a staged copy against its manifest; raise StagedDataError unless all match.
+                  progress: bool = False, full: bool = True) -> VerifyResult:
+    """Check a staged copy against its manifest; raise StagedDataError unless every file matches.
 
-    Call it before training reads `dest`. A copy whose staging did not finish, or (given `src`) that holds
-    another dataset, is refused too. Waits while a `stage` into `dest` is running.
+    full (default): re-hash every file. full=False: re-hash only files whose stat signature (size, mtime,
+    inode, ctime) moved since their last check; the rest are taken as checked (manifest.py says what that
+    cannot see). A copy whose staging did not finish, or (given `src`) that holds another dataset, is refused
+    too. Waits while a `stage` into `dest` is running.
     """
     start = time.monotonic()
     dest_path = Path(os.path.realpath(dest))
@@ -57,8 +59,8 @@ def verify_staged(dest: str | os.PathLike, *, src: str | os.PathLike | None = No
             raise StagedDataError(f"staging did not finish ({len(manifest.files)} files copied so far)",
                                   where=str(dest_path), fix=fix)
         with ThreadPoolExecutor(workers, thread_name_prefix="embodyhpc-verify") as pool:
-            problems = verify_files(str(dest_path), manifest.files, manifest.chunk_bytes, pool,
-                                    window=workers * TASKS_PER_WORKER, progress=progress)
+            problems, _ = verify_files(str(dest_path), manifest.files, manifest.chunk_bytes, pool,
+                                       window=workers * TASKS_PER_WORKER, progress=progress, trust_signature=not full)
         if problems:
             raise damaged_error(str(dest_path), problems, fix)
     return VerifyResult(str(dest_path), manifest.source, len(manifest.files),
@@ -66,9 +68,16 @@ def verify_staged(dest: str | os.PathLike, *, src: str | os.PathLike | None = No
 
 
 def verify_files(dest: str, entries: dict[str, FileEntry], chunk_bytes: int, pool: Executor, *, window: int,
-                 progress: bool) -> list[tuple[str, str]]:
-    """(relative path, what is wrong) for each staged file whose size or hash differs from its entry, sorted."""
+                 progress: bool, from_device: bool = False, trust_signature: bool = False,
+                 ) -> tuple[list[tuple[str, str]], dict[str, Signature]]:
+    """Check staged files against their entries: (sorted problems as (relative path, what is wrong),
+    {relative path: signature} of each file whose content was re-hashed and matched).
+
+    trust_signature: a file whose stat signature equals the one recorded at its last check is not read.
+    from_device: read past the page cache (see transfer.hash_batch); sync the filesystem first.
+    """
     problems: dict[str, str] = {}
+    matched: dict[str, Signature] = {}
     to_hash: list[SourceFile] = []
     for rel, entry in entries.items():
         try:
@@ -83,27 +92,32 @@ def verify_files(dest: str, entries: dict[str, FileEntry], chunk_bytes: int, poo
             problems[rel] = "not a regular file"
         elif st.st_size != entry.size:  # cheap, and catches truncation before any hashing
             problems[rel] = f"{st.st_size} bytes, expected {entry.size}"
+        elif (trust_signature and entry.checked and st.st_mtime_ns == entry.staged_mtime_ns
+              and st.st_ino == entry.dest_ino and st.st_ctime_ns == entry.dest_ctime_ns):
+            continue
         else:
             to_hash.append(SourceFile(rel, entry.size, entry.mtime_ns, 0))
     to_hash.sort(key=lambda f: f.size, reverse=True)
-    leaves: dict[str, dict[int, bytes | str]] = {}
+    leaves: dict[str, dict[int, tuple[bytes, Signature] | str]] = {}
 
     def work(task: WholeFiles | Chunk) -> object:
         if isinstance(task, Chunk):
-            return transfer.hash_chunk(dest, task)
-        return transfer.hash_batch(dest, task)
+            return transfer.hash_chunk(dest, task, from_device)
+        return transfer.hash_batch(dest, task, from_device)
 
     def on_result(task: WholeFiles | Chunk, result: object) -> None:
         if isinstance(task, WholeFiles):
             assert isinstance(result, list)
-            for f, (rel, digest, problem) in zip(task.files, result, strict=True):
+            for f, (rel, digest, problem, signature) in zip(task.files, result, strict=True):
                 bar.advance(f.size, 1)
                 if problem is not None or digest != entries[rel].hash:
                     problems[rel] = problem or _HASH_MISMATCH
+                elif signature is not None:
+                    matched[rel] = signature
             return
         rel = task.file.rel
         digests = leaves.setdefault(rel, {})
-        digests[task.index] = result  # a leaf digest, or what went wrong reading it
+        digests[task.index] = result  # (leaf digest, signature), or what went wrong reading it
         bar.advance(task.length)
         if len(digests) < num_leaves(task.file.size, chunk_bytes):
             return
@@ -111,12 +125,17 @@ def verify_files(dest: str, entries: dict[str, FileEntry], chunk_bytes: int, poo
         failures = [d for d in digests.values() if isinstance(d, str)]
         if failures:
             problems[rel] = failures[0]
-        elif root_hash(digests[i] for i in range(len(digests))) != entries[rel].hash:
+            return
+        ordered = [digests[i] for i in range(len(digests))]
+        signatures = {sig for _, sig in ordered}  # type: ignore[misc]
+        if root_hash(digest for digest, _ in ordered) != entries[rel].hash:  # type: ignore[misc]
             problems[rel] = _HASH_MISMATCH
+        elif len(signatures) == 1:  # every chunk read the same, unchanged file
+            matched[rel] = signatures.pop()
 
     with Progress("verify", sum(f.size for f in to_hash), len(to_hash), enabled=progress) as bar:
         run_tasks(pool, make_tasks(to_hash, chunk_bytes), work, on_result, window=window)
-    return sorted(problems.items())
+    return sorted(problems.items()), matched
 
 
 def damaged_error(dest: str, problems: list[tuple[str, str]], fix: str) -> StagedDataError:
