@@ -71,7 +71,8 @@ class RunTracking:
         if local_rank == 0 and interval > 0:
             from embodyhpc.tracking.telemetry import TelemetrySampler
 
-            self.sampler = TelemetrySampler(MlflowMetricsSink(uri, run_id), node=node_name(), interval_s=interval)
+            self.sampler = TelemetrySampler(MlflowMetricsSink(uri, run_id, owns_status=False), node=node_name(),
+                                            interval_s=interval)
 
     def sinks(self) -> list[Any]:
         """Extra metric sinks for the loop (rank 0 only)."""
@@ -92,7 +93,7 @@ class RunTracking:
         finally:
             if self.sampler is not None:
                 self.sampler.stop()
-                self.sampler.sink.close("RUNNING")  # the sampler's sink never ends the run
+                self.sampler.sink.close()  # sends what is left; this sink never changes the run's status
             if self.sink is not None:
                 self.sink.close(status)
 

@@ -83,14 +83,13 @@ def report_task(run_dir: str) -> dict:
         "headline": headline(results),
     }
     outputs = _write_outputs(run, report, results, step)
-    write_json_atomic(run / REPORT_FILE, report)
     print(f"report: {outcome}: {why}", flush=True)
     table = format_table(results)
     (run / TABLE_FILE).write_text(table + "\n")
     print(table, flush=True)
     if config.tracking.enabled and info.mlflow_run_id:
         report["mlflow_child_run_id"] = _log_to_mlflow(config, info, report, outputs, step, run)
-        write_json_atomic(run / REPORT_FILE, report)
+    write_json_atomic(run / REPORT_FILE, report)  # last: its presence means the report (and its MLflow run) is done
     return report
 
 
@@ -179,7 +178,6 @@ def _log_to_mlflow(config: Any, info: RunInfo, report: dict[str, Any], outputs: 
                 if stats["success_rate"] is not None:
                     metrics[f"eval/{name}/{task}/success_rate"] = stats["success_rate"]
         artifacts = [(path, "plots" if path.suffix == ".png" else None) for path in outputs.values()]
-        artifacts.append((run / REPORT_FILE, None))
         if (run / VIDEOS_DIR).is_dir():
             artifacts.append((run / VIDEOS_DIR, "videos"))
         child = log_child_run(uri, info.mlflow_run_id, run_name=f"eval-step-{step if step is not None else 'na'}",

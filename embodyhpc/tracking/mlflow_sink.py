@@ -45,9 +45,12 @@ class MlflowMetricsSink:
 
     def __init__(self, uri: str, run_id: str, *, prefix: str = "", flush_every: int = 10,
                  flush_interval_s: float = 30.0, max_buffered: int = 100_000, retry_interval_s: float = 60.0,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, owns_status: bool = True) -> None:
+        """owns_status=False: a sink that only adds metrics (per-node telemetry next to rank 0's sink) and never
+        changes the run's status, so that a node finishing late cannot reopen a run rank 0 has ended."""
         if flush_every < 1 or max_buffered < 1:
             raise ValueError("flush_every and max_buffered must be at least 1")
+        self.owns_status = owns_status
         self.uri = uri
         self.run_id = run_id
         self.prefix = prefix
@@ -107,7 +110,7 @@ class MlflowMetricsSink:
             if self._buffer:
                 self._say(f"{len(self._buffer)} metric values were not sent to MLflow at {self.uri} "
                           "(logs/metrics.jsonl has them)")
-            if status in TERMINAL_STATUSES and self._connect() is not None:
+            if self.owns_status and status in TERMINAL_STATUSES and self._connect() is not None:
                 with bounded_http(SINK_HTTP_ENV):
                     self._client.set_terminated(self.run_id, status)
         except Exception as exc:
@@ -129,7 +132,7 @@ class MlflowMetricsSink:
             if mlflow_client is None:
                 return False
             with bounded_http(SINK_HTTP_ENV):
-                if not self._marked_running:
+                if not self._marked_running and self.owns_status:
                     mlflow_client.update_run(self.run_id, status="RUNNING")
                     self._marked_running = True
                 while self._buffer:

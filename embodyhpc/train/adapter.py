@@ -27,8 +27,10 @@ Choices made here, and why:
   (embodyhpc.data.normalize; the loop saves the statistics next to the exported weights for evaluation). With
   model.state_input=prompt it is discretised into the prompt (clamped to [-1, 1]); with expert the model reads the
   vector. Actions are used as stored (MetaWorld's are already in [-1, 1]); action normalisation is not built yet.
-- No packing in this first version: every sample gets a row of its own (Pi05Batch.rows = None); packing with
-  embodyhpc.data.packing against model.max_token_len is a later change to `Pi05Collate` only.
+- model.packing (the default) packs each micro-batch's samples into rows of model.max_token_len tokens with
+  first-fit decreasing (embodyhpc.data.packing) and hands the rows to the model (Pi05Batch.rows), which derives
+  segment ids, positions and varlen boundaries from them; every sample fits a row by construction (the prompt
+  budget is what max_token_len leaves after images and actions). packing: false gives each sample its own row.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any
 import torch
 
 from embodyhpc.config.schema import ModelConfig
+from embodyhpc.data.packing import first_fit_decreasing
 from embodyhpc.errors import ConfigError
 from embodyhpc.models.pi05 import Pi05Batch, Pi05Sample, collate, max_prompt_tokens, shape_for
 
@@ -136,6 +139,10 @@ class Pi05Collate:
             self._prompt_budget = max_prompt_tokens(self.model_cfg, samples[0].images.shape[0])
         batch = collate(samples, self.tokenizer, max_prompt_tokens=self._prompt_budget,
                         include_state=getattr(self.model_cfg, "state_input", "prompt") == "prompt")
+        if self.model_cfg.packing:  # rows of model.max_token_len tokens, first-fit decreasing (data/packing.py)
+            lengths = batch.token_counts(shape_for(self.model_cfg.size).vision.num_patches,
+                                         self.model_cfg.action_horizon)
+            batch = batch.with_rows(first_fit_decreasing(lengths, self.model_cfg.max_token_len))
         return replace(batch, images=resize_images(batch.images, self._image_size))
 
 

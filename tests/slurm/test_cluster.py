@@ -28,8 +28,11 @@ def _report(run_dir, timeout_s=180):
     return json.loads(path.read_text())
 
 
-def test_two_node_chain_train_eval_array_report(cli, slurm_cluster, runs_root, mlflow_server):
-    run_dir = _submit(cli, runs_root, "train.steps=40", "tracking.enabled=true", f"tracking.mlflow_uri={mlflow_server}")
+def test_two_node_chain_train_eval_array_report(cli, slurm_cluster, runs_root):
+    # MLflow's default store: sqlite on the runs root, the filesystem every node shares (the nodes live in their
+    # own network namespaces, where a server on this host's 127.0.0.1 is out of reach)
+    run_dir = _submit(cli, runs_root, "train.steps=40", "tracking.enabled=true")
+    mlflow_uri = f"sqlite:///{runs_root.resolve() / 'mlflow.db'}"
     report = _report(run_dir)
     assert report["outcome"] == "complete", report
     result = json.loads((run_dir / "logs" / "train_result.json").read_text())
@@ -43,19 +46,19 @@ def test_two_node_chain_train_eval_array_report(cli, slurm_cluster, runs_root, m
     hosts = {json.loads(line)["host"] for f in (run_dir / "eval" / "shards").glob("*/shard-*.jsonl")
              for line in f.read_text().splitlines()}
     assert hosts <= {"n1", "n2"} and hosts
-    # MLflow (a real server): the training run got the job's final metric and ended FINISHED; the report is its
+    # MLflow: the training run got the job's final metric and ended FINISHED; the report is its
     # child run, with metrics at the evaluated step and the plots and summary as artifacts
     from embodyhpc.tracking.mlflow_run import client, find_run
 
     info = json.loads((run_dir / "run.json").read_text())
-    parent = wait_for(lambda: (r := find_run(mlflow_server, info["mlflow_run_id"])) and r["status"] == "FINISHED"
+    parent = wait_for(lambda: (r := find_run(mlflow_uri, info["mlflow_run_id"])) and r["status"] == "FINISHED"
                       and r, 30, "training run FINISHED in MLflow")
     assert "train/final_loss" in parent["metrics"]
-    child = find_run(mlflow_server, report["mlflow_child_run_id"])
+    child = find_run(mlflow_uri, report["mlflow_child_run_id"])
     assert child["parent_run_id"] == info["mlflow_run_id"] and child["status"] == "FINISHED"
     assert child["metrics"]["eval/expert/success_rate"] == report["results"]["policies"]["expert"]["overall"][
         "success_rate"]
-    artifacts = {a.path for a in client(mlflow_server).list_artifacts(report["mlflow_child_run_id"], "plots")}
+    artifacts = {a.path for a in client(mlflow_uri).list_artifacts(report["mlflow_child_run_id"], "plots")}
     assert artifacts == {"plots/task_success.png", "plots/success_vs_step.png"}
     jobs = wait_for(lambda: (s := statuses(cli, run_dir)) and all(
         j["state"] == "COMPLETED" for j in s.values()) and s, 60, "sacct to show COMPLETED")

@@ -184,3 +184,16 @@ def test_time_based_flush(sqlite_uri, run_id):
     sink.write(1, {"loss": 1.0})
     assert sink.pending == 0 and sink.sent == 1
     sink.close()
+
+
+def test_a_metrics_only_sink_never_changes_the_run_status(sqlite_uri, run_id):
+    """Telemetry from another node may arrive after rank 0 ended the run: it adds metrics, it does not reopen it."""
+    owner = MlflowMetricsSink(sqlite_uri, run_id, flush_every=1)
+    owner.write(1, {"loss": 1.0})
+    owner.close()
+    assert mr.find_run(sqlite_uri, run_id)["status"] == "FINISHED"
+    late = MlflowMetricsSink(sqlite_uri, run_id, flush_every=1, owns_status=False)
+    late.write(7, {"sys/n2/cpu_pct": 50.0})
+    late.close()
+    found = mr.find_run(sqlite_uri, run_id)
+    assert found["status"] == "FINISHED" and found["metrics"]["sys/n2/cpu_pct"] == 50.0

@@ -22,8 +22,9 @@ def dataset():
     return open_dataset(FIXTURE, {"action": [i / 10 for i in range(HORIZON)]})
 
 
-def _cfg(action_dim: int = 8, horizon: int = HORIZON) -> ModelConfig:
-    return ModelConfig(size="tiny", action_horizon=horizon, action_dim=action_dim, max_token_len=128)
+def _cfg(action_dim: int = 8, horizon: int = HORIZON, packing: bool = False) -> ModelConfig:
+    return ModelConfig(size="tiny", action_horizon=horizon, action_dim=action_dim, max_token_len=128,
+                       packing=packing)
 
 
 def test_sample_shapes_and_padded_action_dims(dataset):
@@ -54,7 +55,7 @@ def test_collate_builds_a_batch_the_model_trains_on(dataset):
     batch = collate_fn([dataset[i] for i in (0, 1, 50)])
     assert batch.images.shape == (3, 2, 3, 32, 32) and batch.actions.shape == (3, HORIZON, 8)  # the tower's size
     assert batch.action_dim_mask[:, :4].all() and not batch.action_dim_mask[:, 4:].any()
-    assert batch.action_is_pad.shape == (3, HORIZON) and batch.rows is None  # no packing yet
+    assert batch.action_is_pad.shape == (3, HORIZON) and batch.rows is None  # packing off: a row per sample
     assert batch.prompt_ids.shape[0] == 3 and (batch.prompt_lengths > 0).all()
     # 2 cameras x 16 patches (32 px tower, 8 px patches) + prompt + 4 action tokens per sample
     assert batch_tokens(batch, cfg) == int(batch.prompt_lengths.sum()) + 3 * (32 + HORIZON)
@@ -87,3 +88,23 @@ def test_packing_efficiency_is_useful_tokens_over_the_packed_rows_budget(dataset
     # without packing the field is absent, not 0 or NaN
     results = run_ranks(workers.reduced_metrics_job, 2, [150, 90], [0, 0])
     assert all("packing_efficiency" not in r for r in results)
+
+
+def test_packing_collate_fills_rows_and_keeps_every_sample_loss(dataset):
+    """Packed rows (first-fit decreasing into model.max_token_len) hold every sample once, within the budget, and
+    each sample's loss is what it is in a padded batch."""
+    cfg = _cfg(packing=True)
+    cfg = replace(cfg, max_token_len=2 * 128)  # room for two samples per row
+    items = [dataset[i] for i in (0, 1, 50, 60, 70)]
+    packed = Pi05Collate(cfg, build_tokenizer(cfg))(items)
+    padded = Pi05Collate(replace(cfg, packing=False), build_tokenizer(cfg))(items)
+    rows = packed.rows
+    assert sorted(i for row in rows for i in row) == list(range(5)) and len(rows) < 5
+    counts = packed.token_counts(16, HORIZON)
+    assert all(sum(counts[i] for i in row) <= cfg.max_token_len for row in rows)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    noise, time = torch.randn(5, HORIZON, 8), torch.rand(5)
+    with torch.no_grad():
+        torch.testing.assert_close(model(packed, noise=noise, time=time).per_sample_loss,
+                                   model(padded, noise=noise, time=time).per_sample_loss, atol=1e-5, rtol=1e-5)
