@@ -222,7 +222,7 @@ def test_usr2_stops_the_fsdp_policy_loop_on_both_nodes_and_the_requeued_job_resu
     steps = 40
     run_dir = _submit(cli, runs_root, f"train.steps={steps}", "data.format=lerobot", f"data.root={fixture}",
                       "train.log_every=1", "train.warmup_steps=1", "checkpoint.every_steps=1000", "eval.enabled=false",
-                      f"data.delta_timestamps={{action: [{chunk}]}}")
+                      f"data.delta_timestamps={{action: [{chunk}]}}", "tracking.enabled=true")
     metrics_path = run_dir / "logs" / "metrics.jsonl"
     wait_for(lambda: metrics_path.is_file() and len(metrics_path.read_text().splitlines()) >= 2, 180,
              "two logged training steps")
@@ -244,6 +244,14 @@ def test_usr2_stops_the_fsdp_policy_loop_on_both_nodes_and_the_requeued_job_resu
     assert Path(result["export_path"]).exists()
     states = wait_for(lambda: (s := _attempt_states(job_id)) and s[-1] == "COMPLETED" and s, 60, "COMPLETED in sacct")
     assert states == ["REQUEUED", "COMPLETED"]
+    # MLflow holds the same single curve: the requeued attempt continued the run, which ended FINISHED
+    from embodyhpc.tracking.mlflow_run import client, find_run
+
+    uri = f"sqlite:///{runs_root.resolve() / 'mlflow.db'}"
+    run_id = json.loads((run_dir / "run.json").read_text())["mlflow_run_id"]
+    history = client(uri).get_metric_history(run_id, "train/loss")
+    assert sorted(m.step for m in history) == list(range(1, steps + 1))
+    assert find_run(uri, run_id)["status"] == "FINISHED"
 
 
 @pytest.mark.slow
