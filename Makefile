@@ -53,6 +53,11 @@ bench: setup  ## ratios against baselines measured in the same run (bench/README
 	$(PY) bench/data_loader.py
 	$(PY) bench/packing_throughput.py
 	$(PY) bench/staging.py
+	$(PY) bench/pi05_inference.py
+	$(PY) bench/fsdp_vs_ddp.py
+	$(PY) bench/checkpoint_stall.py
+	$(PY) bench/pi05_attention.py
+	$(PY) bench/eval_throughput.py
 
 lint: setup
 	$(VENV)/bin/ruff check .
