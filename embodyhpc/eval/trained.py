@@ -16,6 +16,7 @@ episode is reproducible whichever shard runs it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import deque
 from pathlib import Path
@@ -110,7 +111,7 @@ class TrainedPolicy:
         sample = Pi05Sample(images=images, instruction=str(obs.get("task", "")), state=state)
         batch = collate([sample], self._tokenizer, max_prompt_tokens=self._budget_for(len(cameras)),
                         include_state=self.config.model.state_input == "prompt")
-        batch = batch.__class__(**{**batch.__dict__, "images": resize_images(batch.images, self._image_size)})
+        batch = dataclasses.replace(batch, images=resize_images(batch.images, self._image_size))
         with torch.inference_mode():
             actions = self.model.sample_actions(batch, num_steps=self.denoise_steps, generator=self._generator)
         self.chunks_predicted += 1

@@ -21,6 +21,9 @@ from typing import Any
 from embodyhpc.config.schema import Config
 from embodyhpc.rundir import RunInfo
 
+REQUEUE_EXIT_CODE = 144  # embodyhpc.train.preempt (not imported here: it imports torch)
+STOPPED_EXIT_CODE = 143
+
 
 def node_name() -> str:
     """Slurm's name for this node (what --exclude takes), else the host name."""
@@ -87,8 +90,8 @@ class RunTracking:
         try:
             yield self
             status = self.outcome_status
-        except SystemExit as exc:  # preempt.Requeued / Stopped: the job goes on (or Slurm decides)
-            status = "RUNNING" if exc.code in (143, 144) else "FAILED"
+        except SystemExit as exc:  # preempt.Requeued: the next attempt continues the run; Stopped: Slurm ended it
+            status = {REQUEUE_EXIT_CODE: "RUNNING", STOPPED_EXIT_CODE: "KILLED"}.get(exc.code, "FAILED")
             raise
         finally:
             if self.sampler is not None:

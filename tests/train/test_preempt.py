@@ -170,3 +170,14 @@ def test_local_run_signalled_on_one_rank_restarts_and_resumes_at_the_saved_step(
     train = json.loads((run_dir / launch_train.RESULT_FILE).read_text())
     assert train["status"] == "completed" and train["steps"] == 8000
     assert train["resumed_from_step"] == attempts[0]["step"] and train["restart_count"] == 1
+
+
+def test_launch_observer_reads_the_same_exit_codes():
+    """launch/observe.py maps exit codes to MLflow statuses without importing torch: the numbers must agree."""
+    import signal as signals
+
+    from embodyhpc.launch import observe
+    from embodyhpc.train import preempt
+
+    assert observe.REQUEUE_EXIT_CODE == preempt.REQUEUE_EXIT_CODE
+    assert observe.STOPPED_EXIT_CODE == preempt.Stopped("x").code == 128 + signals.SIGTERM
