@@ -80,14 +80,15 @@ def train_task(run_dir: str) -> dict:
     observe.preflight(Path(run_dir), config, dist_env.local_rank)  # a bad node fails here, naming itself
     data_root = prepare_data(config.data, config.staging, dist_env.local_rank)
     tracking = observe.RunTracking(config, Path(run_dir), rank=dist_env.rank, local_rank=dist_env.local_rank)
+    device, backend = device_and_backend(config.resources.gpus_per_node, synthetic=data_root is None)
     with tracking.attempt():
-        with distributed.process_group(dist_env, backend="gloo"):
+        with distributed.process_group(dist_env, backend=backend):
             hostnames = _gather_hostnames(dist_env.world_size)
             if data_root is None:
                 result = _spine_loop(dist_env, config.train, config.checkpoint, Path(run_dir), stop)
                 tracking.log_final(result["steps"], {"final_loss": result["final_loss"]})
             else:
-                result = _train_policy(config, Path(run_dir), data_root, dist_env, stop, tracking.sinks())
+                result = _train_policy(config, Path(run_dir), data_root, dist_env, stop, tracking.sinks(), device)
             stopped = None
             if result["stopped_by"] is not None:  # the same on every rank: the loops agree on it
                 stopped = _after_stop(result, config.resources.max_requeues, Path(run_dir), dist_env)
@@ -178,8 +179,23 @@ def _end_stopped_attempt(stopped: dict[str, Any], result: dict, run_dir: Path, r
     raise TrainingStopped(stopped["message"])
 
 
+def device_and_backend(gpus_per_node: int, *, synthetic: bool) -> tuple[str, str]:
+    """cuda + nccl when the recipe asks for GPUs (one per local rank), else cpu + gloo. The synthetic stand-in
+    always runs on the CPU over gloo. Asking for GPUs on a node where torch sees none is an error here, not a
+    silent CPU run (the preflight has already checked the count through NVML)."""
+    if gpus_per_node <= 0 or synthetic:
+        return "cpu", "gloo"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"the recipe asks for {gpus_per_node} GPU(s) per node (resources.gpus_per_node) but "
+                           f"torch sees no CUDA device on {socket.gethostname()} (a CPU-only torch build, or "
+                           "CUDA_VISIBLE_DEVICES empty); set resources.gpus_per_node=0 to train on CPUs")
+    return "cuda", "nccl"
+
+
 def _train_policy(config: Config, run_dir: Path, data_root: str, dist_env: distributed.DistEnv,
-                  stop: StopSignal, extra_sinks: list) -> dict:
+                  stop: StopSignal, extra_sinks: list, device: str) -> dict:
     import dataclasses
 
     from embodyhpc.config.resolve import resolve
@@ -189,22 +205,25 @@ def _train_policy(config: Config, run_dir: Path, data_root: str, dist_env: distr
     out = train(data=dataclasses.replace(config.data, root=data_root), model_cfg=config.model,
                 precision=config.precision, parallelism=config.parallelism, train_cfg=config.train,
                 checkpoint=config.checkpoint, resolved=resolve(config), run_dir=run_dir, dist_env=dist_env,
-                device="cpu", config_yaml=(run_dir / RESOLVED_YAML).read_text(), stop=stop, extra_sinks=extra_sinks)
+                device=device, config_yaml=(run_dir / RESOLVED_YAML).read_text(), stop=stop, extra_sinks=extra_sinks)
     return {"mode": "policy", "resumed_from_step": out.start_step, "steps": out.final_step,
             "last_metrics": out.last_metrics, "export_path": str(out.export_path) if out.export_path else None,
             "stopped_by": out.stopped_by, "stopped_at_step": out.final_step if out.stopped_by else None}
 
 
 def _gather_hostnames(world: int) -> list[str]:
-    """all_gather of fixed-size byte tensors (all_gather_object would need numpy)."""
+    """all_gather of fixed-size byte tensors (all_gather_object would need numpy), on a gloo group (CPU tensors
+    cannot travel over NCCL)."""
     import torch
     import torch.distributed as dist
+
+    from embodyhpc.train.preempt import cpu_group
 
     mine = torch.zeros(_HOST_BYTES, dtype=torch.uint8)
     raw = socket.gethostname().encode()[:_HOST_BYTES]
     mine[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
     gathered = [torch.zeros_like(mine) for _ in range(world)]
-    dist.all_gather(gathered, mine)
+    dist.all_gather(gathered, mine, group=cpu_group())
     return [bytes(t.tolist()).rstrip(b"\0").decode() for t in gathered]
 
 
