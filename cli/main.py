@@ -32,7 +32,6 @@ Site = Annotated[str | None, typer.Option("--site", "-s", help="Site profile nam
                                              "(default: $EMBODYHPC_SITE).")]
 RunDir = Annotated[Path, typer.Argument(help="Run directory printed by `embodyhpc submit`.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-JOB_KINDS = ("train", "eval", "report")
 
 
 def _load(recipe: str, overrides: list[str] | None, site: str | None):
@@ -46,6 +45,8 @@ def _python(loaded) -> str:
 
 
 def _check_kind(job: str | None) -> None:
+    from embodyhpc.slurm.render import JOB_KINDS
+
     if job is not None and job not in JOB_KINDS:
         from embodyhpc.errors import UserError
 
@@ -84,7 +85,7 @@ def render(
     recipe: Recipe,
     overrides: Overrides = None,
     site: Site = None,
-    job: Annotated[str | None, typer.Option(help="Only this job: train, eval or report.")] = None,
+    job: Annotated[str | None, typer.Option(help="Only this job: train, export, eval or report.")] = None,
     run_dir: Annotated[Path | None, typer.Option(help="Run directory to render for "
                                                     "(default: the one submit would create now).")] = None,
 ) -> None:
@@ -148,8 +149,7 @@ def eval_cmd(
     say = (lambda msg: typer.echo(msg, err=True)) if as_json else typer.echo
     source = evaluate.resolve_source(ckpt)
     extra = [f"eval.suite={suite}"] if suite else []
-    loaded = _load(str(source.config_path), [*extra, *(overrides or [])], site)  # bad input fails before exporting
-    weights = source.weights or evaluate.export_checkpoint(source, progress=say)
+    weights = source.weights or source.checkpoint  # a checkpoint: the chain exports it first
     loaded = _load(str(source.config_path), [*extra, f"eval.weights={weights}", *(overrides or [])], site)
     if source.mlflow_parent:
         say(f"attaching to MLflow run {source.mlflow_parent} of {source.source_run}")
@@ -176,7 +176,7 @@ def status(run_dir: RunDir, as_json: AsJson = False) -> None:
 @app.command()
 def logs(
     run_dir: RunDir,
-    job: Annotated[str | None, typer.Option(help="Only this job: train, eval or report.")] = None,
+    job: Annotated[str | None, typer.Option(help="Only this job: train, export, eval or report.")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
 ) -> None:
     """Print the jobs' stdout/stderr (per task)."""

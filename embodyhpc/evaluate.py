@@ -2,8 +2,10 @@
 
 PATH may be
 - an export folder (model.safetensors + config.yaml + export.json; what every training run writes to export/),
-- a checkpoint folder `checkpoints/step-N` of a run (complete: it has the .complete marker); it is exported once
-  into the run's exports/step-N/ (with the run's normalisation files) and that folder is evaluated,
+- a checkpoint folder `checkpoints/step-N` of a run (complete: it has the .complete marker); the chain then starts
+  with an export job (embodyhpc.launch.export) that writes the run's exports/step-N/ once (with the run's
+  normalisation files), and that folder is evaluated; the checkpoint is pinned until then, so the training run's
+  retention cannot delete it while the job waits in the queue,
 - a run directory (its export/ is evaluated).
 The recipe is the one the weights were trained with (config.yaml / resolved.yaml), then `key=value` overrides
 and --suite; eval.weights points at the weights. When the weights belong to a run with an MLflow run in its
@@ -12,16 +14,16 @@ run.json, the report logs its child run there, next to the run's own evaluations
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from embodyhpc.checkpoint import layout
+from embodyhpc.config.schema import EvalConfig
 from embodyhpc.errors import UserError
 from embodyhpc.rundir import RESOLVED_YAML, RUN_JSON, RunInfo
 
 EXPORT_FILES = ("export.json", "config.yaml", "model.safetensors")
-SIDE_FILES = ("normalization.json", "policy_io.json")
-COMPLETE_MARKER = ".complete"  # embodyhpc.checkpoint.layout.MARKER (not imported: it pulls in torch)
+CHECKPOINTS_DIR, EXPORTS_DIR = "checkpoints", "exports"  # embodyhpc.train.loop's CHECKPOINT_DIR (that imports torch)
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class EvalSource:
     config_path: Path
     """The recipe the weights were trained with."""
     weights: Path | None
-    """An export folder to evaluate as it is; None when `checkpoint` must be exported first."""
+    """An export folder to evaluate as it is; None when `checkpoint` must be exported first (by the export job)."""
     checkpoint: Path | None
     source_run: Path | None
     """The training run directory, when PATH lies in one."""
@@ -46,9 +48,9 @@ def resolve_source(path: Path) -> EvalSource:
     if all((path / name).is_file() for name in EXPORT_FILES):
         run = path.parent if (path.parent / RUN_JSON).is_file() else None
         return EvalSource(path / "config.yaml", path, None, run, _mlflow_run(run))
-    if (path / COMPLETE_MARKER).is_file():
+    if layout.is_complete(path):
         run = path.parent.parent
-        if not (run / RESOLVED_YAML).is_file():
+        if path.parent.name != CHECKPOINTS_DIR or not (run / RESOLVED_YAML).is_file():
             raise UserError(f"a checkpoint outside a run directory (no {run / RESOLVED_YAML})", key="--ckpt",
                             where=str(path), fix="pass the run's export/ folder, or a step-N folder inside a run")
         return EvalSource(run / RESOLVED_YAML, None, path, run, _mlflow_run(run))
@@ -68,17 +70,18 @@ def _mlflow_run(run: Path | None) -> str | None:
         return None
 
 
-def export_checkpoint(source: EvalSource, progress=print) -> Path:
-    """Export `source.checkpoint` to <run>/exports/<step-N>/ (once; with the training run's side files)."""
-    from embodyhpc.checkpoint.export import export_consolidated
+def evaluated_checkpoint(ev: EvalConfig) -> Path | None:
+    """The checkpoint folder an evaluation reads (eval.weights = <run>/checkpoints/step-N), else None (an export)."""
+    if not ev.weights:
+        return None
+    path = Path(ev.weights)
+    return path if checkpoint_export_dir(path) is not None else None
 
-    out = source.source_run / "exports" / source.checkpoint.name
-    if (out / "export.json").is_file():
-        return out
-    progress(f"exporting {source.checkpoint} -> {out}")
-    export_consolidated(source.checkpoint, out, config_yaml=source.config_path.read_text())
-    for name in SIDE_FILES:
-        side = source.source_run / "export" / name if source.source_run else None
-        if side is not None and side.is_file():
-            shutil.copy2(side, out / name)
-    return out
+
+def checkpoint_export_dir(checkpoint: Path) -> Path | None:
+    """Where the export job writes a run's checkpoint: <run>/checkpoints/step-N -> <run>/exports/step-N. Decided by
+    the path alone (the checkpoint may be gone by the time an evaluation shard asks); None for other paths."""
+    checkpoint = Path(checkpoint)
+    if checkpoint.parent.name != CHECKPOINTS_DIR or layout.parse_step(checkpoint.name) is None:
+        return None
+    return checkpoint.parent.parent / EXPORTS_DIR / checkpoint.name

@@ -6,6 +6,8 @@
         scripts/            the sbatch text handed to Slurm, one file per job
         submitit/           submitit's pickles and per-task logs
         checkpoints/  eval/  logs/
+        evals/step-N/       evaluations of checkpoints while training ran (eval.every_k_checkpoints): run
+                            directories of their own (export -> eval -> report), with `parent_run` set
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class RunInfo:
     created: str
     jobs: dict[str, JobRecord] = field(default_factory=dict)
     mlflow_run_id: str | None = None
+    parent_run: str | None = None
+    """For an evaluation of a checkpoint while training ran: the training run directory (its history and plots
+    collect this evaluation's numbers)."""
 
     def save(self) -> None:
         write_json_atomic(Path(self.run_dir) / RUN_JSON, asdict(self))
@@ -82,11 +87,18 @@ def new_run_dir(runs_root: str, experiment: str, name: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for attempt in range(1000):
         path = parent / (f"{name}-{stamp}" if attempt == 0 else f"{name}-{stamp}-{attempt}")
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        for sub in SUBDIRS:
-            (path / sub).mkdir()
-        return path
+        if make_run_dir(path):
+            return path
     raise RunDirError("could not create a unique run directory", where=str(parent))
+
+
+def make_run_dir(path: Path) -> bool:
+    """Create `path` with the run subfolders; False when it exists already (someone else made it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return False
+    for sub in SUBDIRS:
+        (path / sub).mkdir()
+    return True

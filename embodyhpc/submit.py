@@ -15,6 +15,7 @@ from pathlib import Path
 
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.config.schema import JobConfig
+from embodyhpc.evaluate import evaluated_checkpoint
 from embodyhpc.rundir import RESOLVED_YAML, RunInfo, new_run_dir
 from embodyhpc.slurm.render import chain_kinds, render_job
 
@@ -63,8 +64,9 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
            eval_only: bool = False, mlflow_parent: str | None = None) -> RunInfo:
     """Create the run directory and submit the chain (Slurm when reachable, else locally).
 
-    eval_only: the evaluation array and the report only (`embodyhpc eval`); `mlflow_parent` is then the training
-    run's MLflow run the report attaches its child run to.
+    eval_only: the evaluation array and the report only (`embodyhpc eval`), after an export job when eval.weights
+    is a checkpoint folder; `mlflow_parent` is then the training run's MLflow run the report attaches its child
+    run to.
     """
     import os
 
@@ -81,18 +83,37 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
         else:
             progress(f"no Slurm cluster reachable ({why}): running the chain on this machine (--local)")
     job = loaded.config.job
-    kinds = chain_kinds(loaded, eval_only=eval_only)
-    for kind in kinds:  # a broken template fails before anything exists
+    for kind in chain_kinds(loaded, eval_only=eval_only):  # a broken template fails before anything exists
         render_job(loaded, kind, Path("/nonexistent-run-dir"), python)
     run_dir = new_run_dir(job.runs_root, job.experiment, job.name)
+    info = start_run(loaded, run_dir, backend=backend, python=python,
+                     mlflow_run_id=mlflow_parent if eval_only else _create_mlflow_run(loaded, run_dir, progress))
+    progress(f"run directory: {run_dir}")
+    return run_chain(loaded, info, progress=progress, eval_only=eval_only)
+
+
+def start_run(loaded: LoadedRecipe, run_dir: Path, *, backend: str, python: str, mlflow_run_id: str | None,
+              parent_run: Path | None = None) -> RunInfo:
+    """Fill a fresh run directory: resolved.yaml, run.json, and a pin on the checkpoint it evaluates (if any), so
+    that the training run's retention keeps that checkpoint until the export job has read it."""
     (run_dir / RESOLVED_YAML).write_text(loaded.to_yaml())
     info = RunInfo(run_id=run_dir.name, run_dir=str(run_dir), backend=backend, recipe=loaded.recipe,
                    site=loaded.site, overrides=list(loaded.overrides), python=python,
-                   created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    info.mlflow_run_id = mlflow_parent if eval_only else _create_mlflow_run(loaded, run_dir, progress)
+                   created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), mlflow_run_id=mlflow_run_id,
+                   parent_run=str(parent_run) if parent_run else None)
+    checkpoint = evaluated_checkpoint(loaded.config.eval)
+    if checkpoint is not None:
+        from embodyhpc.checkpoint import layout
+
+        layout.pin(checkpoint, owner=run_dir)
     info.save()
-    progress(f"run directory: {run_dir}")
-    if backend == "slurm":
+    return info
+
+
+def run_chain(loaded: LoadedRecipe, info: RunInfo, *, progress: Progress = print, eval_only: bool = False) -> RunInfo:
+    """Submit the chain of a started run to Slurm, or run it on this machine (info.backend decides)."""
+    run_dir = Path(info.run_dir)
+    if info.backend == "slurm":
         from embodyhpc.slurm.chain import submit_chain
 
         return submit_chain(loaded, run_dir, info, on_submit=lambda r: progress(
@@ -100,8 +121,8 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
             eval_only=eval_only)
     from embodyhpc.slurm.local import run_local_chain
 
-    for kind in kinds:  # the scripts a cluster would get, for reference
-        (run_dir / "scripts" / f"{kind}.sbatch").write_text(render_job(loaded, kind, run_dir, python))
+    for kind in chain_kinds(loaded, eval_only=eval_only):  # the scripts a cluster would get, for reference
+        (run_dir / "scripts" / f"{kind}.sbatch").write_text(render_job(loaded, kind, run_dir, info.python))
     return run_local_chain(loaded, run_dir, info, progress=progress, eval_only=eval_only)
 
 
@@ -159,30 +180,52 @@ def _progress_text(status) -> str:
 
 
 def status_report(run_dir: Path, *, as_json: bool = False) -> str:
-    from embodyhpc.launch.report import REPORT_FILE
+    from embodyhpc.launch.checkpoint_eval import requested_evals
     from embodyhpc.slurm.status import chain_status
 
     info = RunInfo.load(run_dir)
     statuses = chain_status(info)
-    report_path = Path(info.run_dir) / REPORT_FILE
-    report = json.loads(report_path.read_text()) if report_path.is_file() else None
+    report = _read_report(Path(info.run_dir))
     if as_json:
+        evals = {path.name: {"run_dir": str(path), "jobs": [dataclasses.asdict(s) for s in chain_status(
+                 RunInfo.load(path))], "report": _read_report(path)} for path in requested_evals(Path(info.run_dir))}
         return json.dumps({"run_dir": info.run_dir, "backend": info.backend,
-                           "jobs": [dataclasses.asdict(s) for s in statuses], "report": report},
-                          indent=2) + "\n"
+                           "jobs": [dataclasses.asdict(s) for s in statuses], "report": report,
+                           "evals": evals}, indent=2) + "\n"
     lines = [f"run {info.run_dir} ({info.backend}; {info.recipe}" + (f" + {info.site})" if info.site else ")"),
              f"{'JOB':<7} {'ID':<10} {'STATE':<11} {'EXIT':<5} {'NODES':<10} PROGRESS / REASON"]
     for s in statuses:
         code = "-" if s.exit_code is None else str(s.exit_code)
         lines.append(f"{s.kind:<7} {s.job_id or '-':<10} {s.state:<11} {code:<5} {s.nodes or '-':<10} "
                      f"{_progress_text(s)}".rstrip())
-    if report:
-        lines.append(f"report: {report['outcome']}: {report['why']}")
-        step = report.get("checkpoint_step")
-        for policy, text in (report.get("headline") or {}).items():
-            lines.append(f"  success {policy:<8} {text}" + (f" at step {step}" if policy == "trained" and step
-                                                             else ""))
+    lines += _report_lines(report)
+    evals = requested_evals(Path(info.run_dir))
+    if evals:
+        lines.append("evaluations while training:")
+    for path in evals:
+        sub = RunInfo.load(path)
+        jobs = ", ".join(f"{s.kind} {s.state}" + (f" ({_progress_text(s)})" if s.array_size else "")
+                         for s in chain_status(sub))
+        lines.append(f"  {path.name}: {jobs or 'not submitted'}")
+        lines += ["  " + line for line in _report_lines(_read_report(path))]
     return "\n".join(lines) + "\n"
+
+
+def _read_report(run_dir: Path) -> dict | None:
+    from embodyhpc.launch.report import REPORT_FILE
+
+    path = Path(run_dir) / REPORT_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _report_lines(report: dict | None) -> list[str]:
+    if not report:
+        return []
+    lines = [f"report: {report['outcome']}: {report['why']}"]
+    step = report.get("checkpoint_step")
+    for policy, text in (report.get("headline") or {}).items():
+        lines.append(f"  success {policy:<8} {text}" + (f" at step {step}" if policy == "trained" and step else ""))
+    return lines
 
 
 def local_summary(run_dir: Path) -> str:

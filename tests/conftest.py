@@ -139,3 +139,17 @@ def mlflow_server(tmp_path_factory):
         yield uri
     finally:
         stop()
+
+
+@pytest.fixture(scope="session")
+def reach_demos(tmp_path_factory) -> Path:
+    """MetaWorld reach-v3 expert demonstrations (4 episodes, one 32 px camera) as a LeRobot v3.0 dataset, for tests
+    that train the demo recipe's policy for a few steps."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    pytest.importorskip("metaworld", reason="metaworld is not installed (the `sim` extra)")
+    from embodyhpc.data.metaworld_demos import generate_demos
+
+    root = tmp_path_factory.mktemp("reach-demos") / "reach"
+    generate_demos(root, tasks=["reach-v3"], episodes_per_task=4, seed=0, image_size=32, max_steps=120,
+                   progress=False)
+    return root

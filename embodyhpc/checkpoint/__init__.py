@@ -11,17 +11,27 @@ marked complete; retention; resume on any world size; export of consolidated saf
     ckpt.export(run_dir / "export", config_yaml=resolved_yaml_text)
     ckpt.close()
 
-Importing this package imports torch (the CLI's light commands must not import it).
+The names below import torch when first used; `embodyhpc.checkpoint.layout` (folders, markers, pins) does not, so
+the CLI's light commands may use it.
 """
 
 from __future__ import annotations
 
-from embodyhpc.checkpoint.checkpointer import Checkpointer, LoadResult, SaveResult
-from embodyhpc.checkpoint.errors import CheckpointError, NotACheckpointError
-from embodyhpc.checkpoint.export import consolidated_model_state, export_consolidated, load_exported
-from embodyhpc.checkpoint.layout import list_steps, read_latest, read_marker
-from embodyhpc.checkpoint.state import TrainerState
+import importlib
+from typing import Any
 
-__all__ = ["CheckpointError", "Checkpointer", "LoadResult", "NotACheckpointError", "SaveResult", "TrainerState",
-           "consolidated_model_state", "export_consolidated", "list_steps", "load_exported", "read_latest",
-           "read_marker"]
+_EXPORTS = {
+    "Checkpointer": "checkpointer", "LoadResult": "checkpointer", "SaveResult": "checkpointer",
+    "CheckpointError": "errors", "NotACheckpointError": "errors",
+    "consolidated_model_state": "export", "export_consolidated": "export", "load_exported": "export",
+    "list_steps": "layout", "read_latest": "layout", "read_marker": "layout",
+    "TrainerState": "state",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -73,14 +73,18 @@ class LoadResult:
 
 class Checkpointer:
     def __init__(self, root: str | Path, cfg: CheckpointConfig, *, seed: int = 0,
-                 collective_timeout_s: float | None = None) -> None:
+                 collective_timeout_s: float | None = None,
+                 on_complete: Callable[[int, Path], None] | None = None) -> None:
         """`root` is the run's checkpoints/ folder; `seed` reseeds RNGs on a resume at another world size.
+        `on_complete(step, folder)` runs on rank 0 after each save is marked complete, outside any collective: for
+        async saves in the finisher thread, not the training thread. Its failures are logged, never raised.
 
         Collective: creates the dedicated gloo group, so every rank constructs its Checkpointer at the same point.
         """
         self.root = Path(root)
         self.cfg = cfg
         self.seed = seed
+        self.on_complete = on_complete
         self.group = CheckpointGroup(collective_timeout_s)
         if self.group.is_rank0:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -157,6 +161,11 @@ class Checkpointer:
                 "wall_s": round(time.perf_counter() - start, 4), "stall_s": round(stall_s, 4),
                 "torch": torch.__version__}
         self.group.on_rank0(f"completing {folder.name}", lambda: self._complete(folder, step, info))
+        if self.on_complete is not None and self.group.is_rank0:
+            try:
+                self.on_complete(step, folder)
+            except Exception:  # e.g. an evaluation that could not be submitted: never the checkpoint's failure
+                log.exception("after completing %s: on_complete failed", folder.name)
 
     def _complete(self, folder: Path, step: int, info: dict[str, Any]) -> None:
         layout.write_marker(folder, info)
@@ -164,9 +173,12 @@ class Checkpointer:
         self._apply_retention()
 
     def _apply_retention(self) -> None:
-        """Rank 0, with no save in flight (called at the end of one): keep the newest keep_latest_k."""
+        """Rank 0, with no save in flight (called at the end of one): keep the newest keep_latest_k, and any folder
+        an evaluation has pinned until it has exported it (a later save's retention removes it then)."""
         for old in layout.plan_retention(layout.list_steps(self.root), self.cfg.keep_latest_k):
-            layout.remove_folder(layout.step_dir(self.root, old))
+            folder = layout.step_dir(self.root, old)
+            if not layout.pinned_by(folder):
+                layout.remove_folder(folder)
         layout.remove_retiring_leftovers(self.root)
 
     def wait(self) -> float:

@@ -5,6 +5,7 @@
             trainer.json        step, sampler state, extra trainer state (identical on every rank; rank 0 writes it)
             rng/rank-00000.pt   RNG states of each rank (per rank by nature: each rank draws its own noise)
             .complete           the marker: written by rank 0 after EVERY rank finished writing
+            pins/<owner>        evaluations waiting to export this step: retention keeps the folder meanwhile
         step-300/               no marker: a save in flight, or the leftover of a crash; never read
         latest                  "step-200": names the newest complete folder; replaced atomically
 
@@ -37,6 +38,7 @@ MARKER = ".complete"
 LATEST = "latest"
 TRAINER_JSON = "trainer.json"
 RNG_DIR = "rng"
+PINS_DIR = "pins"
 _RETIRING_PREFIX = ".retiring-"  # folders renamed away before deletion: invisible to readers at once
 _STEP_RE = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 
@@ -123,6 +125,35 @@ def plan_retention(listing: Listing, keep_latest_k: int, in_flight: int | None =
     old_complete = listing.complete[:-keep] if len(listing.complete) > keep else []
     leftovers = [step for step in listing.incomplete if step != in_flight]
     return sorted(old_complete + leftovers)
+
+
+def pin(folder: Path, owner: str | Path) -> None:
+    """Keep `folder` from retention until `owner` (an evaluation run directory) unpins it. Written by whoever creates
+    the evaluation (the training job's rank 0, or `embodyhpc eval --ckpt`); removed by its export job."""
+    pins = folder / PINS_DIR
+    pins.mkdir(exist_ok=True)
+    (pins / _pin_name(owner)).write_text(f"{owner}\n")
+
+
+def unpin(folder: Path, owner: str | Path) -> None:
+    """Idempotent; a folder retention already removed is fine too."""
+    try:
+        (folder / PINS_DIR / _pin_name(owner)).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def pinned_by(folder: Path) -> list[str]:
+    """The owners (evaluation run directories) holding `folder`."""
+    pins = folder / PINS_DIR
+    return sorted(p.read_text().strip() for p in pins.iterdir()) if pins.is_dir() else []
+
+
+def _pin_name(owner: str | Path) -> str:
+    """One file per owner; owners are paths, so the name is a digest of it (no slashes, bounded length)."""
+    import hashlib
+
+    return hashlib.sha256(str(owner).encode()).hexdigest()[:24]
 
 
 def remove_folder(folder: Path) -> None:

@@ -285,10 +285,14 @@ class EvalConfig:
     time: str = "00:30:00"
     """Time limit per shard."""
     every_k_checkpoints: int = 0
-    """Also evaluate every k-th checkpoint while training runs (0 = only after training)."""
+    """Also evaluate every k-th periodic checkpoint while training runs (steps that are multiples of k x
+    checkpoint.every_steps, before train.steps), each as its own export -> eval -> report chain under
+    <run>/evals/step-N that never blocks training (embodyhpc/launch/checkpoint_eval.py); 0 = only after training.
+    Policy training only (not data.format: synthetic)."""
     weights: str | None = None
-    """Exported weights to evaluate (a folder with model.safetensors, or a checkpoint step-N folder); default: the
-    run's own export. `embodyhpc eval --ckpt` sets it."""
+    """What to evaluate: an export folder (model.safetensors, config.yaml, export.json), or a run's
+    checkpoints/step-N folder, which an export job writes to <run>/exports/step-N first; default: the run's own
+    export. `embodyhpc eval --ckpt` and evaluations while training set it."""
     reference_policies: list[str] = field(default_factory=lambda: ["expert", "random"])
     """Reference rows of every report, run on the same episodes: expert (where the suite has one), random."""
     execute_steps: int = 5

@@ -1,7 +1,8 @@
 """The evaluation array's entry point: one call per shard of the (task, seed, episode) grid.
 
 Each shard runs its episodes with every policy of the evaluation, the same episodes for each:
-- "trained": pi0.5 from exported weights (eval.weights, else the run's own export/), loaded once per shard;
+- "trained": pi0.5 from exported weights (eval.weights, or the export of the checkpoint it names, else the run's
+  own export/), loaded once per shard;
 - the reference rows eval.reference_policies: the suite's scripted expert (where it has one) and random.
 One JSONL file per (policy, shard) under eval/shards/<policy>/, written atomically (see embodyhpc.eval.rollout),
 rollout videos under eval/videos/. A recipe that trains no policy (data.format: synthetic) is evaluated with
@@ -24,6 +25,7 @@ from typing import Any
 from embodyhpc.config.load import load_resolved
 from embodyhpc.config.schema import Config
 from embodyhpc.eval.shards import plan_shards
+from embodyhpc.evaluate import checkpoint_export_dir, evaluated_checkpoint
 
 SHARDS_DIR = "eval/shards"
 VIDEOS_DIR = "eval/videos"
@@ -37,9 +39,11 @@ def shard_file(run_dir: Path, policy: str, shard: int) -> Path:
 
 
 def weights_dir(config: Config, run_dir: Path) -> Path | None:
-    """The exported weights this evaluation runs: eval.weights, else the run's export (None: nothing trained)."""
+    """The exported weights this evaluation runs: eval.weights (for a run's checkpoints/step-N, where the export job
+    wrote it), else the run's export (None: nothing trained)."""
     if config.eval.weights:
-        return Path(config.eval.weights)
+        checkpoint = evaluated_checkpoint(config.eval)
+        return checkpoint_export_dir(checkpoint) if checkpoint is not None else Path(config.eval.weights)
     if config.data.format == "synthetic":
         return None
     return Path(run_dir) / EXPORT_DIR

@@ -7,7 +7,9 @@ run are recorded as such. Outputs, under eval/:
     report.json     outcome (complete | incomplete | train_failed), why, job states, the aggregated results
     report.md       the markdown summary (also logged to MLflow); report.txt the plain table `submit` prints
     plots/          task_success.png (bars per task and policy), success_vs_step.png (every report of the run)
-    history.jsonl   one line per report: checkpoint step and each policy's overall rate and interval
+    history.jsonl   one line per report: checkpoint step and each policy's overall rate and interval; an evaluation
+                    of a checkpoint while training ran (run.json's parent_run) writes its line into the training
+                    run's history instead, so that run's success-vs-step plot holds every step evaluated
 
 and, with tracking on, a child MLflow run of the training run: metrics keyed by the checkpoint step, the plots,
 the summary, report.json and the rollout videos.
@@ -20,8 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from embodyhpc.checkpoint import layout
 from embodyhpc.config.load import load_resolved
 from embodyhpc.eval.shards import all_episodes
+from embodyhpc.evaluate import evaluated_checkpoint
 from embodyhpc.launch.eval import SHARDS_DIR, TRAINED, VIDEOS_DIR, plan, planned_tasks, policy_names, shard_file
 from embodyhpc.launch.train import RESULT_FILE
 from embodyhpc.rundir import RunInfo, write_json_atomic
@@ -43,8 +47,11 @@ def report_task(run_dir: str) -> dict:
     ev = config.eval
     shards = plan(config)
     states = {s.kind: s for s in chain_status(info) if s.kind != "report"}
-    train = states.get("train")
+    train, export = states.get("train"), states.get("export")
     trained = _trained(run, info)
+    checkpoint = evaluated_checkpoint(ev)
+    if checkpoint is not None:  # the export job unpins it; this is the backstop when that job never ran
+        layout.unpin(checkpoint, owner=run)
     policies = policy_names(config)
 
     missing_shards = sorted({shard for shard in range(len(shards)) for name in policies
@@ -60,6 +67,8 @@ def report_task(run_dir: str) -> dict:
         why = f"training did not finish (state {train.state if train else 'unknown'}"
         why += f", exit {train.exit_code})" if train and train.exit_code is not None else ")"
         outcome = "train_failed"
+    elif export is not None and export.state != "COMPLETED" and missing_shards:
+        why, outcome = f"the export of {checkpoint} did not complete (state {export.state})", "incomplete"
     elif missing_shards or not results.complete:
         short = {name: p.overall.planned - p.overall.recorded for name, p in results.policies.items()
                  if not p.complete}
@@ -82,7 +91,7 @@ def report_task(run_dir: str) -> dict:
         "results": results.to_dict(),
         "headline": headline(results),
     }
-    outputs = _write_outputs(run, report, results, step)
+    outputs = _write_outputs(run, report, results, step, Path(info.parent_run or run) / HISTORY_FILE)
     print(f"report: {outcome}: {why}", flush=True)
     table = format_table(results)
     (run / TABLE_FILE).write_text(table + "\n")
@@ -122,15 +131,17 @@ def _checkpoint_step(files: list[Path]) -> int | None:
     return None
 
 
-def _write_outputs(run: Path, report: dict[str, Any], results: Any, step: int | None) -> dict[str, Path]:
-    """history.jsonl, the plots and the markdown summary; plotting problems never lose the report."""
+def _write_outputs(run: Path, report: dict[str, Any], results: Any, step: int | None,
+                   history: Path) -> dict[str, Path]:
+    """A line in `history` (its file, or the training run's), the plots and the markdown summary; plotting problems
+    never lose the report."""
     from embodyhpc.eval.aggregate import markdown_summary
 
-    history = run / HISTORY_FILE
-    entry = {"step": step, "outcome": report["outcome"],
+    entry = {"step": step, "outcome": report["outcome"], "run": str(run),
              **{name: [p.overall.success_rate, p.overall.ci_low, p.overall.ci_high]
                 for name, p in results.policies.items()}}
-    with history.open("a") as f:
+    history.parent.mkdir(parents=True, exist_ok=True)
+    with history.open("a") as f:  # one short append per report: concurrent reports do not interleave lines
         f.write(json.dumps(entry) + "\n")
     outputs: dict[str, Path] = {}
     try:

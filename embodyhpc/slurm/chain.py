@@ -1,4 +1,5 @@
-"""Submit a run's chain to Slurm: train -> eval array (afterok) -> report (afterany).
+"""Submit a run's chain to Slurm: train -> eval array (afterok) -> report (afterany); an evaluation of a checkpoint
+folder is export -> eval array (afterok) -> report (afterany).
 
 With DependencyParameters=kill_invalid_depend (or --kill-on-invalid-dep=yes, which we pass),
 a failed training job cancels the evaluation array instead of leaving it pending forever;
@@ -12,12 +13,13 @@ from pathlib import Path
 
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.launch.eval import eval_shard_task
+from embodyhpc.launch.export import export_task
 from embodyhpc.launch.report import report_task
 from embodyhpc.launch.train import train_task
 from embodyhpc.rundir import JobRecord, RunInfo
 from embodyhpc.slurm import commands
 from embodyhpc.slurm.executor import RecipeExecutor
-from embodyhpc.slurm.render import job_shape, render_job, submitit_folder
+from embodyhpc.slurm.render import chain_kinds, job_shape, render_job, submitit_folder
 
 
 def _executor(loaded: LoadedRecipe, kind: str, run_dir: Path, python: str,
@@ -51,11 +53,14 @@ def submit_chain(loaded: LoadedRecipe, run_dir: Path, info: RunInfo,
         on_submit(record)
         return job_id
 
+    kinds = chain_kinds(loaded, eval_only=eval_only)
     try:
         after: list[str] = []
-        if not eval_only:
+        if "train" in kinds:
             after.append(submit("train", [], lambda ex: ex.submit(train_task, str(run_dir))))
-        if loaded.config.eval.enabled or eval_only:
+        if "export" in kinds:
+            after.append(submit("export", [], lambda ex: ex.submit(export_task, str(run_dir))))
+        if "eval" in kinds:
             shards = loaded.config.eval.shards
             deps = [f"--dependency=afterok:{after[0]}", "--kill-on-invalid-dep=yes"] if after else []
             eval_id = submit("eval", deps,

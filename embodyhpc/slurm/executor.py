@@ -13,9 +13,10 @@ loudly when their signatures or behaviour change.
 
 from __future__ import annotations
 
+import os
 import shlex
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ class RecipeExecutor(SlurmExecutor):
         return self.submitted_text
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-        return ["sbatch", *self._sbatch_args, str(submission_file_path)]
+        return [*_without_job_environment(os.environ), "sbatch", *self._sbatch_args, str(submission_file_path)]
 
     def _internal_process_submissions(self, delayed_submissions: list[Any]) -> list[Any]:
         if not self._shape.array_size:
@@ -67,3 +68,19 @@ class RecipeExecutor(SlurmExecutor):
         for job, path in zip(jobs, pickles, strict=True):
             job.paths.move_temporary_file(path, "submitted_pickle")
         return jobs
+
+
+# what a running job's environment holds about that job: sbatch would pass it on to the job it submits (it exports
+# the caller's environment), where srun and torch.distributed would read the parent's tasks, ranks and rendezvous
+_JOB_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SUBMITIT_")
+_JOB_NAMES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def _without_job_environment(environ: Mapping[str, str]) -> list[str]:
+    """`env -u NAME ...` for a submission from inside a job (the training job submits evaluations of its
+    checkpoints); nothing elsewhere, where SBATCH_* and the like are the user's own settings. A prefix for sbatch's
+    command line rather than changes to os.environ, which the submitting job's other threads share."""
+    if "SLURM_JOB_ID" not in environ:
+        return []
+    names = sorted(n for n in environ if n.startswith(_JOB_PREFIXES) or n in _JOB_NAMES)
+    return ["env", *[arg for name in names for arg in ("-u", name)]]

@@ -1,26 +1,34 @@
 """The same chain on this machine, without Slurm (submitit's local executor).
 
 Jobs run one after another (the local executor has no dependencies): training with all its
-ranks as local processes, then the evaluation shards (at most `array_parallelism` at a time),
-then the report. States go to run.json, so `embodyhpc status` reads the same for both backends.
+ranks as local processes (or the export of a checkpoint, for an evaluation of one), then the evaluation shards
+(at most `array_parallelism` at a time), then the report. States go to run.json, so `embodyhpc status` reads the
+same for both backends. Evaluations of checkpoints that training asks for while it runs
+(eval.every_k_checkpoints) run here too, beside training, as chains of their own.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.environ import patched_environ
+from embodyhpc.launch.checkpoint_eval import requested_evals
 from embodyhpc.launch.eval import eval_shard_task
+from embodyhpc.launch.export import export_task
 from embodyhpc.launch.report import report_task
 from embodyhpc.launch.train import train_task
-from embodyhpc.rundir import JobRecord, RunInfo
-from embodyhpc.slurm.render import job_shape, submitit_folder
+from embodyhpc.rundir import RESOLVED_YAML, JobRecord, RunInfo
+from embodyhpc.slurm.render import chain_kinds, job_shape, submitit_folder
 
 # a local training run gets the time limit of its recipe, plus slack for process start-up
 _LOCAL_SLACK_MIN = 2
+_POLL_S = 2.0  # while training runs: how often to look for checkpoints to evaluate
 
 
 def _outcome(job) -> tuple[str, str | None, int | None]:
@@ -46,6 +54,7 @@ def run_local_chain(loaded: LoadedRecipe, run_dir: Path, info: RunInfo,
 
     cfg = loaded.config
     folder = submitit_folder(run_dir)
+    kinds = chain_kinds(loaded, eval_only=eval_only)
 
     def executor(kind: str, tasks: int) -> submitit.LocalExecutor:
         ex = submitit.LocalExecutor(folder=folder)
@@ -60,39 +69,84 @@ def run_local_chain(loaded: LoadedRecipe, run_dir: Path, info: RunInfo,
         info.save()
         return rec
 
-    with_eval = cfg.eval.enabled or eval_only
-    if not eval_only:
-        record("train", state="PENDING")
-    if with_eval:
-        record("eval", state="PENDING", array_size=cfg.eval.shards, dependency=None if eval_only else "afterok:train")
-    record("report", state="PENDING", dependency="afterany:eval" if eval_only else "afterany:train:eval")
+    def run_job(kind: str, task: Callable, tasks: int = 1, while_running: Callable[[], None] | None = None) -> str:
+        job = executor(kind, tasks).submit(task, str(run_dir))
+        record(kind, job_id=str(job.job_id), state="RUNNING")
+        while while_running is not None and not job.done():
+            while_running()
+            time.sleep(_POLL_S)
+        state, reason, code = _outcome(job)
+        record(kind, state=state, reason=reason, exit_code=code)
+        progress(f"{kind}: {state}" + (f" ({reason})" if reason else ""))
+        return state
+
+    upstream = next((k for k in kinds if k in ("train", "export")), None)  # what the evaluation waits for
+    for kind in kinds:
+        dependency = f"afterok:{upstream}" if kind == "eval" and upstream else None
+        if kind == "report":
+            dependency = "afterany:" + ":".join(k for k in kinds if k != "report")
+        record(kind, state="PENDING", dependency=dependency, array_size=cfg.eval.shards if kind == "eval" else 0)
 
     env = {"EMBODYHPC_RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1", **dict(cfg.site.env),
            **cfg.network.environment()}
     with patched_environ(env):
         state = "COMPLETED"
-        if not eval_only:
+        if "train" in kinds:
             world = loaded.resolved.world_size
             progress(f"train: {world} local processes")
-            job = executor("train", world).submit(train_task, str(run_dir))
-            record("train", job_id=str(job.job_id), state="RUNNING")
-            state, reason, code = _outcome(job)
-            record("train", state=state, reason=reason, exit_code=code)
-            progress(f"train: {state}" + (f" ({reason})" if reason else ""))
-
-        if with_eval and state == "COMPLETED":
+            background = _CheckpointEvals(run_dir, progress) if cfg.eval.every_k_checkpoints else None
+            try:
+                state = run_job("train", train_task, world, background.poll if background else None)
+            finally:
+                if background is not None:
+                    background.finish()
+        if "export" in kinds:
+            state = run_job("export", export_task)
+        if "eval" in kinds and state == "COMPLETED":
             _run_eval(loaded, run_dir, executor("eval", 1), record, progress)
-        elif with_eval:
+        elif "eval" in kinds:
             record("eval", state="CANCELLED", reason="DependencyNeverSatisfied",
                    array_counts={"CANCELLED": cfg.eval.shards})
-            progress("eval: CANCELLED (training failed)")
-
-        job = executor("report", 1).submit(report_task, str(run_dir))
-        record("report", job_id=str(job.job_id), state="RUNNING")
-        state, reason, code = _outcome(job)
-        record("report", state=state, reason=reason, exit_code=code)
-        progress(f"report: {state}" + (f" ({reason})" if reason else ""))
+            progress(f"eval: CANCELLED ({upstream} failed)")
+        run_job("report", report_task)
     return info
+
+
+class _CheckpointEvals:
+    """Evaluations of checkpoints the training job asks for while it runs (embodyhpc.launch.checkpoint_eval makes
+    their run directories under <run>/evals/): run here as local chains, one at a time, in a thread beside
+    training. `poll` while training runs; `finish` after it, which waits for every evaluation asked for."""
+
+    def __init__(self, run_dir: Path, progress: Callable[[str], None]) -> None:
+        self.run_dir = run_dir
+        self.progress = progress
+        self.seen: set[Path] = set()
+        self.queue: queue.Queue[Path | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._work, name="checkpoint-evals", daemon=True)
+        self.thread.start()
+
+    def poll(self) -> None:
+        for path in requested_evals(self.run_dir):
+            if path not in self.seen:
+                self.seen.add(path)
+                self.queue.put(path)
+
+    def finish(self) -> None:
+        self.poll()  # one asked for just before training ended
+        self.queue.put(None)
+        self.thread.join()
+
+    def _work(self) -> None:
+        from embodyhpc.config.load import load_recipe
+
+        while (path := self.queue.get()) is not None:
+            say = (lambda name: lambda message: self.progress(f"eval@{name}: {message}"))(path.name)
+            try:
+                say("evaluating the checkpoint beside training")
+                run_local_chain(load_recipe(str(path / RESOLVED_YAML)), path, RunInfo.load(path), progress=say,
+                                eval_only=True)
+            except Exception as exc:  # noqa: BLE001 - one evaluation failing must not stop the others or training
+                say(f"failed: {type(exc).__name__}: {exc}")
 
 
 def _run_eval(loaded: LoadedRecipe, run_dir: Path, ex, record, progress) -> None:

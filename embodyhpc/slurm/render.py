@@ -18,8 +18,9 @@ import jinja2
 
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.errors import ConfigError
+from embodyhpc.evaluate import evaluated_checkpoint
 
-JOB_KINDS = ("train", "eval", "report")
+JOB_KINDS = ("train", "export", "eval", "report")
 SIGNAL = "USR2"  # submitit's handler listens for it (timeout and preemption)
 
 
@@ -85,6 +86,8 @@ def job_shape(loaded: LoadedRecipe, kind: str) -> JobShape:
     cfg, res = loaded.config, loaded.resolved
     if kind == "train":
         return JobShape(kind, cfg.resources.nodes, res.procs_per_node, res.train_time_min)
+    if kind == "export":  # one process reads the checkpoint's model entries: an evaluation shard's resources
+        return JobShape(kind, 1, 1, res.eval_time_min)
     if kind == "eval":
         ev = cfg.eval
         return JobShape(kind, 1, 1, res.eval_time_min, array_size=ev.shards,
@@ -95,11 +98,12 @@ def job_shape(loaded: LoadedRecipe, kind: str) -> JobShape:
 
 
 def chain_kinds(loaded: LoadedRecipe, *, eval_only: bool = False) -> list[str]:
-    """The jobs of this recipe's chain, in order (no eval array when eval.enabled is false; no training for
-    `embodyhpc eval`, which evaluates weights that exist)."""
+    """The jobs of this recipe's chain, in order: train -> eval -> report (no eval array when eval.enabled is
+    false). An evaluation of weights that exist (`embodyhpc eval`, evaluations while training runs) has no training;
+    it starts with an export job when eval.weights is a run's checkpoints/step-N folder."""
     if eval_only:
-        return ["eval", "report"]
-    return [kind for kind in JOB_KINDS if kind != "eval" or loaded.config.eval.enabled]
+        return (["export"] if evaluated_checkpoint(loaded.config.eval) else []) + ["eval", "report"]
+    return ["train"] + (["eval"] if loaded.config.eval.enabled else []) + ["report"]
 
 
 def submitit_folder(run_dir: Path) -> Path:
@@ -125,7 +129,7 @@ def _sbatch_context(loaded: LoadedRecipe, shape: JobShape, run_dir: Path) -> dic
     if shape.kind == "train":
         res = cfg.resources
         cpus, mem, gpus = res.cpus_per_task, res.mem, res.gpus_per_node
-    elif shape.kind == "eval":
+    elif shape.kind in ("eval", "export"):
         cpus, mem, gpus = cfg.eval.cpus_per_task, cfg.eval.mem, 0
     else:
         cpus, mem, gpus = 1, "2G", 0

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -100,13 +100,15 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
           train_cfg: TrainConfig, checkpoint: CheckpointConfig, resolved: Resolved, run_dir: str | Path,
           dist_env: RankInfo, device: torch.device | str, config_yaml: str = "",
           sinks: Sequence[MetricsSink] | None = None, stop: StopSignal | None = None,
-          extra_sinks: Sequence[MetricsSink] = ()) -> TrainResult:
+          extra_sinks: Sequence[MetricsSink] = (),
+          on_checkpoint: Callable[[int, Path], None] | None = None) -> TrainResult:
     """Train to train_cfg.steps, resuming from the newest complete checkpoint under run_dir/checkpoints.
 
     `sinks` receive rank 0's metrics (default: run_dir/logs/metrics.jsonl and the console); other ranks ignore it.
     `extra_sinks` are added to those on rank 0 (the launcher's MLflow sink).
     `config_yaml` is the resolved recipe written next to the exported weights.
     `stop`: the launcher's installed StopSignal; without one the loop installs its own for its duration.
+    `on_checkpoint(step, folder)`: rank 0, after each checkpoint is complete (Checkpointer's on_complete).
     """
     run_dir = Path(run_dir)
     device = _rank_device(torch.device(device), dist_env.local_rank)
@@ -131,7 +133,9 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
         collate_fn=Pi05Collate(model_cfg, build_tokenizer(model_cfg), normalizer))
     stream = BatchStream(loader, sampler)
 
-    ckpt = Checkpointer(run_dir / CHECKPOINT_DIR, checkpoint, seed=train_cfg.seed)
+    ckpt = Checkpointer(run_dir / CHECKPOINT_DIR, checkpoint, seed=train_cfg.seed, on_complete=on_checkpoint)
+    if is_rank0:  # beside the checkpoints: how to feed the policy, for exports of any step (final or not)
+        write_policy_io(run_dir / CHECKPOINT_DIR, data.root, model_cfg, normalizer)
     loaded = ckpt.load_latest(model, optimizer)
     start_step = 0
     if loaded is not None:

@@ -220,3 +220,41 @@ def test_derived_seeds_differ_per_rank_and_step_and_repeat():
     assert len(seeds) == 12
     assert rng.derived_seed(1, 2, 3) == rng.derived_seed(1, 2, 3)
     assert all(0 <= seed < 2**63 for seed in seeds)
+
+
+def test_a_pinned_folder_outlives_retention_until_unpinned(tmp_path):
+    """An evaluation waiting to export step-1 pins it: retention skips it, and removes it once it is unpinned."""
+    model, optimizer = _model_and_optimizer()
+    completed = []
+
+    def on_complete(step, folder):
+        completed.append(step)
+        if step == 1:
+            layout.pin(folder, owner=tmp_path / "evals" / "step-1")
+
+    with Checkpointer(tmp_path, CheckpointConfig(every_steps=1, keep_latest_k=2), on_complete=on_complete) as ckpt:
+        for step in range(1, 5):
+            _train(model, optimizer)
+            ckpt.save(step, model, optimizer)
+        ckpt.wait()
+        assert completed == [1, 2, 3, 4]
+        assert layout.list_steps(tmp_path).complete == [1, 3, 4]  # 2 went; pinned 1 stayed
+        assert layout.pinned_by(tmp_path / "step-1") == [str(tmp_path / "evals" / "step-1")]
+        layout.unpin(tmp_path / "step-1", owner=tmp_path / "evals" / "step-1")
+        layout.unpin(tmp_path / "step-1", owner=tmp_path / "evals" / "step-1")  # twice is fine
+        _train(model, optimizer)
+        ckpt.save(5, model, optimizer, blocking=True)
+    assert layout.list_steps(tmp_path).complete == [4, 5]
+
+
+def test_a_failing_on_complete_never_fails_the_save(tmp_path, caplog):
+    model, optimizer = _model_and_optimizer()
+
+    def broken(step, folder):
+        raise RuntimeError("sbatch: error: Batch job submission failed")
+
+    with Checkpointer(tmp_path, CheckpointConfig(every_steps=1, keep_latest_k=2), on_complete=broken) as ckpt:
+        ckpt.save(1, model, optimizer)
+        ckpt.save(2, model, optimizer, blocking=True)
+    assert layout.list_steps(tmp_path).complete == [1, 2]
+    assert "on_complete failed" in caplog.text and "Batch job submission failed" in caplog.text

@@ -78,7 +78,9 @@ def test_eval_ckpt_on_a_checkpoint_attaches_to_the_training_run(demo_run):
                        "eval.videos_per_task=0")
     eval_dir = run_dir_from(result.stdout)
     info = json.loads((eval_dir / "run.json").read_text())
-    assert set(info["jobs"]) == {"eval", "report"}  # no training job
+    assert set(info["jobs"]) == {"export", "eval", "report"}  # no training job; the checkpoint is exported first
+    assert [info["jobs"][k]["state"] for k in ("export", "eval", "report")] == ["COMPLETED"] * 3
+    assert not (step / "pins").is_dir() or not any((step / "pins").iterdir())  # the export job unpinned it
     assert (run_dir / "exports" / "step-600" / "normalization.json").is_file()
     report = json.loads((eval_dir / "eval" / "report.json").read_text())
     assert report["outcome"] == "complete" and list(report["results"]["policies"]) == ["trained"]
