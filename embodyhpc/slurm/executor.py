@@ -74,6 +74,7 @@ class RecipeExecutor(SlurmExecutor):
 # the caller's environment), where srun and torch.distributed would read the parent's tasks, ranks and rendezvous
 _JOB_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SUBMITIT_")
 _JOB_NAMES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_KEEP = ("SLURM_CONF",)  # where the cluster's configuration is: sbatch needs it as much as the job did
 
 
 def _without_job_environment(environ: Mapping[str, str]) -> list[str]:
@@ -82,5 +83,5 @@ def _without_job_environment(environ: Mapping[str, str]) -> list[str]:
     command line rather than changes to os.environ, which the submitting job's other threads share."""
     if "SLURM_JOB_ID" not in environ:
         return []
-    names = sorted(n for n in environ if n.startswith(_JOB_PREFIXES) or n in _JOB_NAMES)
+    names = sorted(n for n in environ if (n.startswith(_JOB_PREFIXES) or n in _JOB_NAMES) and n not in _KEEP)
     return ["env", *[arg for name in names for arg in ("-u", name)]]
