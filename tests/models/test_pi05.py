@@ -154,6 +154,17 @@ def test_a_missing_camera_contributes_no_tokens(tiny_cfg, tiny_model: Pi05Policy
     counts = batch.token_counts(tiny_model.shape.vision.num_patches, HORIZON)
     assert counts[0] == 16 + int(batch.prompt_lengths[0]) + HORIZON
     assert counts[1] == 2 * 16 + int(batch.prompt_lengths[1]) + HORIZON
+    # nor any vision work: the tower encodes the 3 present images, not 4 slots, and the missing one gets no gradient
+    encoded = []
+    hook = tiny_model.vision.register_forward_hook(lambda module, args, out: encoded.append(args[0].shape[0]))
+    images = batch.images.clone().requires_grad_(True)
+    try:
+        tiny_model(dataclasses.replace(batch, images=images), noise=noise, time=time).loss.backward()
+    finally:
+        hook.remove()
+        tiny_model.zero_grad(set_to_none=True)
+    assert encoded == [3]
+    assert images.grad[0, 1].abs().sum() == 0 and images.grad[0, 0].abs().sum() > 0
 
 
 def test_attention_backends_agree_inside_the_model(tiny_cfg, tiny_model: Pi05Policy) -> None:

@@ -224,8 +224,14 @@ class Pi05Policy(nn.Module):
     def _embed_prefix(self, batch: Pi05Batch, plan: TokenPlan) -> torch.Tensor:
         """[R, Tp, vlm width]: projected patch tokens and scaled prompt embeddings, gathered into rows."""
         dtype = self.vision.patch_embed.weight.dtype
-        patches = self.vision(batch.images.flatten(0, 1).to(dtype))  # [N*C, P, vision width]
-        patches = self.vision_projector(patches).flatten(0, 1)
+        images = batch.images.flatten(0, 1)  # [N*C, 3, H, W]
+        if batch.image_mask is None:
+            patches = self.vision_projector(self.vision(images.to(dtype)))  # [N*C, P, vlm width]
+        else:  # only the cameras a sample has: a missing camera's tokens are never gathered, so never encoded
+            present = batch.image_mask.flatten().nonzero().flatten().to(images.device)
+            encoded = self.vision_projector(self.vision(images[present].to(dtype)))  # [M, P, vlm width]
+            patches = encoded.new_zeros(images.shape[0], *encoded.shape[1:]).index_copy(0, present, encoded)
+        patches = patches.flatten(0, 1)
         text = self.embed_tokens(batch.prompt_ids).flatten(0, 1)
         text = text * torch.tensor(math.sqrt(self.shape.vlm.width), dtype=text.dtype)  # Gemma's embedding scale
         source = torch.cat([patches, text.to(patches.dtype), patches.new_zeros(1, patches.shape[-1])])
