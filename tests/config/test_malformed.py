@@ -122,7 +122,7 @@ def test_missing_value_in_shipped_site_names_the_fix(cli):
 
 
 def test_unknown_job_kind(cli):
-    _assert_rejected(cli("render", DEMO, "--job", "stage"), "--job", "train, eval, report")
+    _assert_rejected(cli("render", DEMO, "--job", "stage"), "--job", "train, export, eval, report")
 
 
 def test_debug_variable_shows_traceback(cli, monkeypatch):
