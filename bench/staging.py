@@ -2,6 +2,7 @@
 
     python bench/staging.py                          # 10,000 files of 1-16 KiB; 20 files of 50 MiB
     python bench/staging.py --only small --files 50000 --workers 16 --repeats 5 --tmp /nvme/scratch
+    python bench/staging.py --only small --latency-ms 0.5 --workers 16   # source behind a metadata delay (root)
 
 For each set, each repeat copies the same source into fresh destinations with `cp -r` (a subprocess with an
 argument list), with `cp -r` followed by `sync` (stage syncs the destination's filesystem before its manifest
@@ -14,13 +15,17 @@ The source was just written, so it is in the page cache and the destination is o
 nothing is dropped from the cache (that needs root). This favours `cp -r`: with no I/O latency to hide, a copy
 is per-file syscalls plus CPU, and staging adds BLAKE2b of every byte and the manifest, in Python, on cores it
 shares with its own threads. On a parallel filesystem each open/stat/read waits on a metadata or object server,
-which is where staging's threads pay off; this bench does not simulate that (no fake latency).
+which is where staging's threads pay off. --latency-ms puts the source behind bench/latency_fs.py, a read-only
+FUSE view that answers every lookup, stat, open and readdir after that delay (a parallel filesystem's metadata
+round trip; data reads are not delayed) and caches nothing in the kernel: both `cp -r` and stage read through it.
+It needs root, /dev/fuse, libfuse2 and fusepy (`apt-get install libfuse2; pip install fusepy`).
 Goals: first stage >= 2x as fast as cp -r; restage <= 2 % of the first stage. The bench reports; it exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -28,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +63,28 @@ def make_large_source(root: Path, num_files: int, file_bytes: int, seed: int) ->
     for i in range(num_files):
         (root / f"episode-{i:03d}.hdf5").write_bytes(blob[i:i + file_bytes])
     return num_files * file_bytes
+
+
+@contextlib.contextmanager
+def delayed_view(src: Path, mountpoint: Path, latency_ms: float) -> Iterator[Path]:
+    """`src` seen through bench/latency_fs.py at `mountpoint` while the block runs."""
+    mountpoint.mkdir()
+    log = mountpoint.with_suffix(".log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("latency_fs.py")), str(src),
+                                 str(mountpoint), "--latency-ms", str(latency_ms)], stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.ismount(mountpoint):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the FUSE view did not mount (needs root, /dev/fuse, libfuse2, fusepy): "
+                                   f"{log.read_text()[-500:]}")
+            time.sleep(0.1)
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", str(mountpoint)], check=False)
+        proc.terminate()
+        proc.wait(timeout=20)
 
 
 def timed(fn) -> float:
@@ -96,7 +124,8 @@ def run_set(label: str, src: Path, tmp: Path, num_files: int, num_bytes: int, ar
     median_s = {name: statistics.median(t) for name, t in times.items()}
     min_s = {name: min(t) for name, t in times.items()}
 
-    print(f"\n## {label}: {num_files} files, {num_bytes / 2**20:.1f} MiB; stage(workers={args.workers}); "
+    behind = f", source behind {args.latency_ms:g} ms metadata latency (FUSE)" if args.latency_ms > 0 else ""
+    print(f"\n## {label}: {num_files} files, {num_bytes / 2**20:.1f} MiB{behind}; stage(workers={args.workers}); "
           f"median of {args.repeats}; {os.cpu_count()} CPUs")
     for name in ("restage quick", "restage full"):
         res = results[name]
@@ -135,6 +164,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each case; medians are reported")
     parser.add_argument("--tmp", type=Path, help="where to create the temp dir (default: the system temp dir)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="read the source through a FUSE view that delays every metadata request this long")
     return parser.parse_args()
 
 
@@ -144,15 +175,22 @@ def main() -> int:
           "(no I/O latency for threads to hide); see the module docstring")
     with tempfile.TemporaryDirectory(prefix="bench-staging-", dir=args.tmp) as tmp_name:
         tmp = Path(tmp_name)
+        sets = []
         if args.only in (None, "small"):
             src = tmp / "small-src"
-            num_bytes = make_source(src, args.files, args.min_bytes, args.max_bytes, args.seed)
-            run_set("small", src, tmp, args.files, num_bytes, args)
-            shutil.rmtree(src)
+            sets.append(("small", src, args.files, make_source(src, args.files, args.min_bytes, args.max_bytes,
+                                                               args.seed)))
         if args.only in (None, "large"):
             src = tmp / "large-src"
-            num_bytes = make_large_source(src, args.large_files, args.large_mib * 2**20, args.seed)
-            run_set("large", src, tmp, args.large_files, num_bytes, args)
+            sets.append(("large", src, args.large_files,
+                         make_large_source(src, args.large_files, args.large_mib * 2**20, args.seed)))
+        for label, src, num_files, num_bytes in sets:
+            if args.latency_ms > 0:
+                with delayed_view(src, tmp / f"{label}-view", args.latency_ms) as view:
+                    run_set(f"{label}-delayed", view, tmp, num_files, num_bytes, args)
+            else:
+                run_set(label, src, tmp, num_files, num_bytes, args)
+            shutil.rmtree(src)
     return 0
 
 

@@ -15,7 +15,11 @@ from dataclasses import dataclass, field
 from embodyhpc.data.staging.errors import StageInputError
 from embodyhpc.data.staging.manifest import CONTROL_PREFIX, PARTIAL_SUFFIX, FileEntry
 
-_STAT_BATCH = 256  # stats per task: parallel on a parallel filesystem, little overhead on a local one
+_STAT_BATCH = 64
+"""Source stats per task. On a parallel filesystem every stat waits on a metadata round trip, so a restage (stats
+only) is as parallel as its batches: 64 keeps 16 workers busy from ~1,000 files on, for ~3 ms of task overhead per
+10,000 files on a local disk (256 left 2,000 files to 8 tasks: a restage behind 0.5 ms of latency took 0.84 s
+instead of ~0.3 s)."""
 
 
 @dataclass(frozen=True)
