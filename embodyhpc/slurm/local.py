@@ -95,11 +95,9 @@ def run_local_chain(loaded: LoadedRecipe, run_dir: Path, info: RunInfo,
             world = loaded.resolved.world_size
             progress(f"train: {world} local processes")
             background = _CheckpointEvals(run_dir, progress) if cfg.eval.every_k_checkpoints else None
-            try:
-                state = run_job("train", train_task, world, background.poll if background else None)
-            finally:
-                if background is not None:
-                    background.finish()
+            state = run_job("train", train_task, world, background.poll if background else None)
+            if background is not None:  # (an interrupted chain does not wait for them: the thread is a daemon)
+                background.finish()
         if "export" in kinds:
             state = run_job("export", export_task)
         if "eval" in kinds and state == "COMPLETED":
@@ -138,13 +136,13 @@ class _CheckpointEvals:
 
     def _work(self) -> None:
         from embodyhpc.config.load import load_recipe
+        from embodyhpc.submit import run_chain
 
         while (path := self.queue.get()) is not None:
             say = (lambda name: lambda message: self.progress(f"eval@{name}: {message}"))(path.name)
             try:
                 say("evaluating the checkpoint beside training")
-                run_local_chain(load_recipe(str(path / RESOLVED_YAML)), path, RunInfo.load(path), progress=say,
-                                eval_only=True)
+                run_chain(load_recipe(str(path / RESOLVED_YAML)), RunInfo.load(path), progress=say, eval_only=True)
             except Exception as exc:  # noqa: BLE001 - one evaluation failing must not stop the others or training
                 say(f"failed: {type(exc).__name__}: {exc}")
 

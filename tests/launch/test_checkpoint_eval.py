@@ -137,6 +137,8 @@ def test_local_training_evaluates_every_kth_checkpoint_beside_training(cli, runs
         assert report["outcome"] == "complete" and report["checkpoint_step"] == step
         assert report["eval"]["episodes_recorded"] == {"trained": 2, "random": 2}
         assert (run / "exports" / path.name / "model.safetensors").is_file()
+        assert sorted(p.name for p in (path / "scripts").iterdir()) == ["eval.sbatch", "export.sbatch",
+                                                                         "report.sbatch"]
     # the first evaluation ran beside training: its export was whole before training wrote its result
     assert (run / "exports" / "step-20" / "export.json").stat().st_mtime < \
         (run / "logs" / "train_result.json").stat().st_mtime
