@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from lerobot_venv import build_lerobot_venv, offline_env
 
 GOAL_RATIO = 3.0
 CAMERAS = ("observation.images.front", "observation.images.wrist")
@@ -161,7 +161,7 @@ class LeRobotLoader:
         config.write_text(json.dumps({"root": str(root), "delta_timestamps": delta, "indices": indices,
                                       "batch_size": args.batch_size, "num_workers": args.num_workers,
                                       "warmup_batches": args.warmup_batches}))
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp / "hf_home")}
+        env = offline_env(tmp / "hf_home")
         self.stderr = tmp / "lerobot_loader.stderr"
         with open(self.stderr, "w") as stderr:
             self.proc = subprocess.Popen([str(venv / "bin" / "python"), str(script), str(config)], env=env,
@@ -191,14 +191,6 @@ class LeRobotLoader:
         if self.proc.stdin:
             self.proc.stdin.close()
         self.proc.wait()
-
-
-def build_lerobot_venv(venv: Path) -> None:
-    if (venv / "bin" / "python").exists():
-        print(f"# {venv} exists; installing lerobot==0.4.4 into it (no-op if present)", flush=True)
-    else:
-        subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "lerobot==0.4.4"], check=True)
 
 
 def parse_args() -> argparse.Namespace:
