@@ -51,8 +51,10 @@ def resolve_source(path: Path) -> EvalSource:
     if layout.is_complete(path):
         run = path.parent.parent
         if path.parent.name != CHECKPOINTS_DIR or not (run / RESOLVED_YAML).is_file():
-            raise UserError(f"a checkpoint outside a run directory (no {run / RESOLVED_YAML})", key="--ckpt",
-                            where=str(path), fix="pass the run's export/ folder, or a step-N folder inside a run")
+            why = (f"no {run / RESOLVED_YAML}" if path.parent.name == CHECKPOINTS_DIR
+                   else f"it is not in a {CHECKPOINTS_DIR}/ folder")
+            raise UserError(f"a checkpoint outside a run directory ({why})", key="--ckpt", where=str(path),
+                            fix="pass the run's export/ folder, or a step-N folder inside a run")
         return EvalSource(run / RESOLVED_YAML, None, path, run, _mlflow_run(run))
     if path.name.startswith("step-"):
         raise UserError("an incomplete checkpoint (no .complete marker: the save did not finish)", key="--ckpt",

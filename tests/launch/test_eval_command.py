@@ -56,3 +56,17 @@ def test_bad_paths_are_one_line_errors_with_exit_2(cli, tmp_path):
         result = cli("eval", "--ckpt", str(path))
         assert result.code == 2, (path, result.err)
         assert message in result.err and "--ckpt" in result.err and len(result.err.strip().splitlines()) == 1
+
+
+def test_a_complete_checkpoint_moved_out_of_checkpoints_is_refused(tmp_path):
+    """The export job and the shards find a checkpoint's export from its path (<run>/checkpoints/step-N)."""
+    import pytest
+
+    from embodyhpc.errors import UserError
+
+    run = _run(tmp_path)
+    step = run / "saved" / "step-40"
+    step.mkdir(parents=True)
+    (step / ".complete").write_text("{}")
+    with pytest.raises(UserError, match="not in a checkpoints/ folder"):
+        resolve_source(step)
