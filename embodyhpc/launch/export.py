@@ -16,11 +16,14 @@ from pathlib import Path
 
 from embodyhpc.checkpoint import layout
 from embodyhpc.config.load import load_resolved
-from embodyhpc.evaluate import checkpoint_export_dir, evaluated_checkpoint
+from embodyhpc.data.normalize import NORM_FILE
+from embodyhpc.eval.trained import POLICY_IO_FILE
+from embodyhpc.evaluate import CHECKPOINTS_DIR, checkpoint_export_dir, evaluated_checkpoint
+from embodyhpc.launch.eval import EXPORT_DIR
 from embodyhpc.rundir import RESOLVED_YAML
 
-SIDE_FILES = ("normalization.json", "policy_io.json")  # data.normalize.NORM_FILE, eval.trained.POLICY_IO_FILE
-SIDE_FILE_DIRS = ("checkpoints", "export")  # where a training run keeps them: first found wins
+SIDE_FILES = (NORM_FILE, POLICY_IO_FILE)
+SIDE_FILE_DIRS = (CHECKPOINTS_DIR, EXPORT_DIR)  # where a training run keeps them: first found wins
 
 
 def export_task(run_dir: str) -> dict:
