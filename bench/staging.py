@@ -13,7 +13,7 @@ quick is a stat walk (no file is read), full re-hashes every staged file. Median
 
 The source was just written, so it is in the page cache and the destination is on the same local filesystem;
 nothing is dropped from the cache (that needs root). This favours `cp -r`: with no I/O latency to hide, a copy
-is per-file syscalls plus CPU, and staging adds BLAKE2b of every byte and the manifest, in Python, on cores it
+is per-file syscalls plus CPU, and staging adds a hash of every byte (XXH3) and the manifest, in Python, on cores it
 shares with its own threads. On a parallel filesystem each open/stat/read waits on a metadata or object server,
 which is where staging's threads pay off. --latency-ms puts the source behind bench/latency_fs.py, a read-only
 FUSE view that answers every lookup, stat, open and readdir after that delay (a parallel filesystem's metadata

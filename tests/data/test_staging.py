@@ -770,21 +770,43 @@ def test_unlisted_file_left_at_its_final_name_is_copied_again(src, dest):
     verify_staged(dest)
 
 
-def test_version_1_manifest_is_rehashed_once_and_upgraded(src, dest, monkeypatch):
+@pytest.mark.parametrize("version, hash_name", [(2, "blake2b-128-tree"), (1, "blake2b-128-tree")])
+def test_manifest_of_an_older_hash_is_copied_again_once(src, dest, monkeypatch, version, hash_name):
+    """Its hashes cannot vouch for the staged files under today's hash: everything is copied once, then trusted."""
     stage(src, dest, progress=False)
     data = json.loads((dest / MANIFEST_NAME).read_text())
-    data["version"] = 1
-    data["files"] = {rel: {"size": e[0], "mtime_ns": e[1], "hash": e[2]} for rel, e in data["files"].items()}
+    data.update(version=version, hash=hash_name)
     (dest / MANIFEST_NAME).write_text(json.dumps(data))
-    assert all(not e.checked for e in load_manifest(dest).files.values())
+    with pytest.raises(StagingError, match="unreadable staging manifest"):
+        verify_staged(dest)  # training refuses it until staged again
     copied = count_copies(monkeypatch)
 
     result = stage(src, dest, progress=False)
 
-    assert copied == [] and result.num_files_rehashed == len(read_tree(src))
-    assert json.loads((dest / MANIFEST_NAME).read_text())["version"] == 2
+    assert sorted(copied) == sorted(read_tree(src)) and result.num_files_copied == len(copied)
+    assert_mirrors(src, dest)
+    written = json.loads((dest / MANIFEST_NAME).read_text())
+    assert (written["version"], written["hash"]) == (manifest_module.MANIFEST_VERSION, manifest_module.HASH_NAME)
+    verify_staged(dest)  # every staged file re-read: its hash under today's function matches the manifest
     forbid_reading_staged_or_source_content(monkeypatch)
-    assert stage(src, dest, progress=False).num_files_rehashed == 0
+    assert stage(src, dest, progress=False).num_files_copied == 0
+
+
+def test_file_hash_is_xxh3_128_over_leaf_digests(tmp_path):
+    """The manifest's hash, computed independently: XXH3-128 leaves (seeded) and a root over their digests."""
+    import xxhash
+
+    data = os.urandom(2 * CHUNK + 5)
+    (tmp_path / "f").write_bytes(data)
+    leaves = [xxhash.xxh3_128(data[i:i + CHUNK], seed=manifest_module._LEAF_SEED).digest()
+              for i in range(0, len(data), CHUNK)]
+    expected = xxhash.xxh3_128(b"".join(leaves), seed=manifest_module._ROOT_SEED).hexdigest()
+    assert manifest_module.file_hash(tmp_path / "f", CHUNK) == expected
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    root_of_empty = xxhash.xxh3_128(xxhash.xxh3_128(b"", seed=manifest_module._LEAF_SEED).digest(),
+                                    seed=manifest_module._ROOT_SEED).hexdigest()
+    assert manifest_module.file_hash(empty, CHUNK) == root_of_empty != expected
 
 
 def test_verify_modes_and_their_spellings(src, dest):
@@ -817,3 +839,33 @@ def test_stage_cli_takes_a_verify_mode(src, dest):
     assert "(full)" in out.output and f"{len(read_tree(src))} re-hashed" in out.output
     out = runner.invoke(app, ["stage", str(src), str(dest), "--no-verify", "-q"])
     assert out.exit_code == 0 and "(none)" in out.output
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_small_files_of_a_fast_source_are_copied_on_one_thread(src, dest, monkeypatch, fast):
+    """A source answering stats in microseconds: small files on the one 'small' thread, chunks of large files on
+    the pool. A slow (parallel-filesystem-like) source: everything on the pool."""
+    from embodyhpc.data.staging import tree
+    monkeypatch.setattr(tree, "_INLINE_STAT_S", float("inf") if fast else 0.0)
+    threads: dict[str, set[str]] = {}
+    real_copy_file, real_copy_chunk = transfer.copy_file, transfer.copy_chunk
+
+    def copy_file(src_root, dest_root, f):
+        threads.setdefault(f.rel, set()).add(threading.current_thread().name.rsplit("_", 1)[0])
+        return real_copy_file(src_root, dest_root, f)
+
+    def copy_chunk(src_root, dest_root, task):
+        threads.setdefault(task.file.rel, set()).add(threading.current_thread().name.rsplit("_", 1)[0])
+        return real_copy_chunk(src_root, dest_root, task)
+
+    monkeypatch.setattr(transfer, "copy_file", copy_file)
+    monkeypatch.setattr(transfer, "copy_chunk", copy_chunk)
+
+    stage(src, dest, workers=4, progress=False)
+
+    assert_mirrors(src, dest)
+    small = {rel for rel in read_tree(src) if len(read_tree(src)[rel]) <= CHUNK}
+    assert small and set(threads) == set(read_tree(src))
+    for rel, names in threads.items():
+        expected = "embodyhpc-stage-small" if fast and rel in small else "embodyhpc-stage"
+        assert names == {expected}, rel

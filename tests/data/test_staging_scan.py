@@ -44,11 +44,12 @@ def truth(root: Path) -> dict[str, tuple[int, int, int]]:
 def test_source_stats_go_to_the_pool_only_when_the_filesystem_is_slow(source, monkeypatch, inline_below_s, pooled):
     monkeypatch.setattr(tree, "_INLINE_STAT_S", inline_below_s)
     with CountingPool() as pool:
-        files, dirs = tree.scan_source(str(source), pool)
+        files, dirs, fast = tree.scan_source(str(source), pool)
 
     assert {rel: (f.size, f.mtime_ns, f.ino) for rel, f in files.items()} == truth(source)
     assert sorted(dirs) == [f"chunk-{i}" for i in range(4)]
     assert all(f.rel == rel for rel, f in files.items())
+    assert fast is not pooled
     if pooled:  # everything after the probe, in batches of at most _STAT_BATCH
         assert sum(pool.batches) == 150 - tree._PROBE_STATS
         assert max(pool.batches) <= tree._STAT_BATCH and len(pool.batches) >= 2
@@ -60,5 +61,5 @@ def test_a_tree_smaller_than_the_probe_is_listed_whole(tmp_path):
     (tmp_path / "a").write_bytes(b"1")
     (tmp_path / "b").write_bytes(b"22")
     with CountingPool() as pool:
-        files, _ = tree.scan_source(str(tmp_path), pool)
+        files, _, _ = tree.scan_source(str(tmp_path), pool)
     assert {rel: f.size for rel, f in files.items()} == {"a": 1, "b": 2} and pool.batches == []

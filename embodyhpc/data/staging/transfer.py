@@ -1,10 +1,9 @@
 """What the copy threads run: copy-and-hash or re-hash whole small files and chunks of large ones.
 
 I/O goes through os.read/os.readv/os.write in BLOCK_BYTES pieces (large reads into a reused per-thread buffer):
-the GIL is released during each call and during BLAKE2b over more than 2 KiB, so threads overlap on the
-filesystem and on the hashing. Small files travel in batches to keep per-task overhead off the
-10,000-small-files case; files above `chunk_bytes` are split into one task per hash leaf, so a single huge file
-uses every worker.
+the GIL is released during each call, so threads overlap on the filesystem, and XXH3 hashes at memory speed.
+Small files travel in batches to keep per-task overhead off the 10,000-small-files case; files above
+`chunk_bytes` are split into one task per hash leaf, so a single huge file uses every worker.
 """
 
 from __future__ import annotations
@@ -106,8 +105,10 @@ def make_tasks(files: Iterable[SourceFile], chunk_bytes: int,
 
 
 def run_tasks(pool: Executor, tasks: Iterable[T], fn: Callable[[T], R], on_result: Callable[[T, R], None],
-              *, window: int) -> None:
+              *, window: int, route: Callable[[T], Executor] | None = None) -> None:
     """Run `fn` over `tasks` on the pool with at most `window` in flight; `on_result` runs on this thread.
+
+    route: picks the executor of each task instead (stage.py sends small files from a fast source to one thread).
 
     On the first failure (in a task, in `on_result`, or while making tasks) nothing new starts, the tasks
     already running finish and still reach `on_result` (so finished files get recorded), then the failure
@@ -127,7 +128,7 @@ def run_tasks(pool: Executor, tasks: Iterable[T], fn: Callable[[T], R], on_resul
                 except Exception as exc:
                     error = exc
                 else:
-                    pending[pool.submit(fn, task)] = task
+                    pending[(pool if route is None else route(task)).submit(fn, task)] = task
             if not pending:
                 break
             done, _ = wait(pending, return_when=FIRST_COMPLETED)

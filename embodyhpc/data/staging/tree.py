@@ -100,8 +100,16 @@ def _walk(root: str, *, follow_symlinks: bool) -> Iterator[tuple[str, str, os.Di
                     yield "other", rel, entry
 
 
-def scan_source(src: str, pool: Executor) -> tuple[dict[str, SourceFile], list[str]]:
-    """The source's files (with size, mtime, mode) and folders; stats run in parallel batches."""
+class SourceListing(NamedTuple):
+    files: dict[str, SourceFile]
+    dirs: list[str]
+    fast: bool
+    """Its stats answered in microseconds (a local or page-cached filesystem): per-file work there is CPU, which
+    Python's GIL serialises, so more threads only add hand-offs."""
+
+
+def scan_source(src: str, pool: Executor) -> SourceListing:
+    """The source's files (with size, mtime, mode) and folders; stats run in parallel batches where slow."""
     dirs: list[str] = []
     entries: list[tuple[str, os.DirEntry]] = []
     for kind, rel, entry in _walk(src, follow_symlinks=True):
@@ -129,13 +137,14 @@ def scan_source(src: str, pool: Executor) -> tuple[dict[str, SourceFile], list[s
     probe = entries[:_PROBE_STATS]
     started = time.perf_counter()
     listed = [stat_batch(probe)]
+    fast = not probe or (time.perf_counter() - started) / len(probe) < _INLINE_STAT_S
     rest = entries[len(probe):]
-    if rest and (time.perf_counter() - started) / len(probe) < _INLINE_STAT_S:
+    if fast:
         listed.append(stat_batch(rest))
     else:
         listed.extend(pool.map(stat_batch, [rest[i:i + _STAT_BATCH] for i in range(0, len(rest), _STAT_BATCH)]))
     files = {f.rel: f for batch in listed for f in batch}
-    return files, dirs
+    return SourceListing(files, dirs, fast)
 
 
 def scan_dest(dest: str) -> tuple[dict[str, DestFile], list[str]]:
