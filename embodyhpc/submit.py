@@ -181,17 +181,18 @@ def _progress_text(status) -> str:
 
 def status_report(run_dir: Path, *, as_json: bool = False) -> str:
     from embodyhpc.launch.checkpoint_eval import requested_evals
-    from embodyhpc.slurm.status import chain_status
+    from embodyhpc.slurm.status import chains_status
 
     info = RunInfo.load(run_dir)
-    statuses = chain_status(info)
+    evals = requested_evals(Path(info.run_dir))
+    statuses, *eval_statuses = chains_status([info, *(RunInfo.load(path) for path in evals)])  # one sacct for all
     report = _read_report(Path(info.run_dir))
     if as_json:
-        evals = {path.name: {"run_dir": str(path), "jobs": [dataclasses.asdict(s) for s in chain_status(
-                 RunInfo.load(path))], "report": _read_report(path)} for path in requested_evals(Path(info.run_dir))}
+        by_eval = {path.name: {"run_dir": str(path), "jobs": [dataclasses.asdict(s) for s in jobs],
+                               "report": _read_report(path)} for path, jobs in zip(evals, eval_statuses, strict=True)}
         return json.dumps({"run_dir": info.run_dir, "backend": info.backend,
                            "jobs": [dataclasses.asdict(s) for s in statuses], "report": report,
-                           "evals": evals}, indent=2) + "\n"
+                           "evals": by_eval}, indent=2) + "\n"
     lines = [f"run {info.run_dir} ({info.backend}; {info.recipe}" + (f" + {info.site})" if info.site else ")"),
              f"{'JOB':<7} {'ID':<10} {'STATE':<11} {'EXIT':<5} {'NODES':<10} PROGRESS / REASON"]
     for s in statuses:
@@ -199,13 +200,11 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
         lines.append(f"{s.kind:<7} {s.job_id or '-':<10} {s.state:<11} {code:<5} {s.nodes or '-':<10} "
                      f"{_progress_text(s)}".rstrip())
     lines += _report_lines(report)
-    evals = requested_evals(Path(info.run_dir))
     if evals:
         lines.append("evaluations while training:")
-    for path in evals:
-        sub = RunInfo.load(path)
+    for path, sub_statuses in zip(evals, eval_statuses, strict=True):
         jobs = ", ".join(f"{s.kind} {s.state}" + (f" ({_progress_text(s)})" if s.array_size else "")
-                         for s in chain_status(sub))
+                         for s in sub_statuses)
         lines.append(f"  {path.name}: {jobs or 'not submitted'}")
         lines += ["  " + line for line in _report_lines(_read_report(path))]
     return "\n".join(lines) + "\n"

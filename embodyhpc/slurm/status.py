@@ -93,13 +93,22 @@ def _slurm_rows(job_ids: list[str]) -> dict[str, list[dict[str, str]]]:
 
 
 def chain_status(info: RunInfo) -> list[JobStatus]:
+    return chains_status([info])[0]
+
+
+def chains_status(infos: list[RunInfo]) -> list[list[JobStatus]]:
+    """chain_status of several runs (a training run and its in-training evaluations) with one sacct and one squeue."""
+    ids = [r.job_id for info in infos if info.backend != "local" for r in info.jobs.values() if r.job_id]
+    grouped = _slurm_rows(ids) if ids else {}
+    return [_chain_status(info, grouped) for info in infos]
+
+
+def _chain_status(info: RunInfo, grouped: dict[str, list[dict[str, str]]]) -> list[JobStatus]:
     records = list(info.jobs.values())
     if info.backend == "local":
         return [JobStatus(kind=r.kind, job_id=r.job_id, state=r.state or "UNKNOWN", reason=r.reason,
                           exit_code=r.exit_code, array_size=r.array_size, array_counts=dict(r.array_counts))
                 for r in records]
-    ids = [r.job_id for r in records if r.job_id]
-    grouped = _slurm_rows(ids) if ids else {}
     statuses = []
     for record in records:
         rows = grouped.get(record.job_id or "", [])
