@@ -841,12 +841,18 @@ def test_stage_cli_takes_a_verify_mode(src, dest):
     assert out.exit_code == 0 and "(none)" in out.output
 
 
-@pytest.mark.parametrize("fast", [True, False])
-def test_small_files_of_a_fast_source_are_copied_on_one_thread(src, dest, monkeypatch, fast):
-    """A source answering stats in microseconds: small files on the one 'small' thread, chunks of large files on
-    the pool. A slow (parallel-filesystem-like) source: everything on the pool."""
+@pytest.mark.parametrize("fast_stats, fstype, fast", [(True, "ext4", True), (False, "ext4", False),
+                                                      (True, "lustre", False), (True, None, False)])
+def test_small_files_of_a_fast_source_are_copied_on_one_thread(src, dest, monkeypatch, fast_stats, fstype, fast):
+    """A local source answering stats in microseconds: small files on the one 'small' thread, chunks of large files
+    on the pool. A slow one, or a network filesystem whose stats come from its client's cache (opens still wait on
+    a server), or one of unknown type: everything on the pool."""
+    import importlib
+
     from embodyhpc.data.staging import tree
-    monkeypatch.setattr(tree, "_INLINE_STAT_S", float("inf") if fast else 0.0)
+    stage_module = importlib.import_module("embodyhpc.data.staging.stage")  # the package exports a function as `stage`
+    monkeypatch.setattr(tree, "_INLINE_STAT_S", float("inf") if fast_stats else 0.0)
+    monkeypatch.setattr(stage_module, "filesystem_type", lambda path: fstype)
     threads: dict[str, set[str]] = {}
     real_copy_file, real_copy_chunk = transfer.copy_file, transfer.copy_chunk
 

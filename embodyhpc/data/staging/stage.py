@@ -59,7 +59,15 @@ from embodyhpc.data.staging.manifest import (
 )
 from embodyhpc.data.staging.progress import Progress, format_bytes
 from embodyhpc.data.staging.transfer import Chunk, Copied, WholeFiles, make_tasks, run_tasks
-from embodyhpc.data.staging.tree import Plan, SourceFile, make_plan, scan_dest, scan_source
+from embodyhpc.data.staging.tree import (
+    LOCAL_FILESYSTEMS,
+    Plan,
+    SourceFile,
+    filesystem_type,
+    make_plan,
+    scan_dest,
+    scan_source,
+)
 from embodyhpc.data.staging.verify import TASKS_PER_WORKER, damaged_error, verify_files
 
 MANIFEST_FLUSH_INTERVAL_S = 2.0
@@ -74,8 +82,9 @@ kernel clock (one tick: up to 10 ms); were a staged file changed in the tick its
 ctime would not move. Waiting two ticks before the manifest is written means any change after the manifest
 exists gets a later ctime (the same race git calls racy-clean)."""
 SERIAL_BELOW_BYTES = 1024 * 1024
-"""From a fast source (its stats answer in microseconds: tree.SourceListing.fast), batches of files smaller than
-this on average are copied by one thread while larger files use every worker. Copying a small file from such a
+"""From a fast source (on a local filesystem, tree.LOCAL_FILESYSTEMS, and its stats answer in microseconds:
+tree.SourceListing.fast), batches of files smaller than this on average are copied by one thread while larger
+files use every worker. Copying a small file from such a
 source is CPU work under Python's GIL; more threads only add GIL hand-offs (10,000 files of 1-16 KiB from the page
 cache to tmpfs on 2 cores: 0.63-0.69 s on one thread, 1.26-1.27 s across 8). From a parallel filesystem every
 open and stat waits on a server, and all workers overlap those waits."""
@@ -187,7 +196,8 @@ class _StageRun:
     def run(self, mode: str, start: float) -> StageResult:
         previous = self._previous_manifest()
         chunk_bytes = manifest_module.CHUNK_BYTES
-        src_files, src_dirs, self.fast_source = scan_source(self.src, self.pool)
+        src_files, src_dirs, fast_stats = scan_source(self.src, self.pool)
+        self.fast_source = fast_stats and filesystem_type(self.src) in LOCAL_FILESYSTEMS
         dest_files, dest_dirs = scan_dest(self.dest)
         # entries describe this source's files only if made from it with the same hash leaves
         trusted = previous is not None and previous.source == self.src and previous.chunk_bytes == chunk_bytes
