@@ -294,8 +294,10 @@ def test_usr2_beyond_the_retry_limit_fails_the_job_and_says_why(cli, slurm_clust
     import torch
 
     assert int(torch.load(run_dir / "checkpoints" / "spine-state.pt")["step"]) == step
-    states = wait_for(lambda: (s := _attempt_states(job_id)) and s[-1] not in ("RUNNING", "COMPLETING") and s, 60,
-                      "the job to end")
+    # slurmdbd can lag slurmctld: until the job's start and end reach it, sacct may still say PENDING or RUNNING
+    states = wait_for(lambda: (s := _attempt_states(job_id)) and s[-1] not in ("PENDING", "CONFIGURING", "RUNNING",
+                                                                                 "COMPLETING") and s, 60,
+                      "the job to end in sacct")
     assert states == ["FAILED"]
     wait_for(lambda: "TrainingStopped" in (run_dir / "submitit" / f"{job_id}_0_log.err").read_text(), 30,
              "the error in the job log")
