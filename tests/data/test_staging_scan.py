@@ -64,27 +64,3 @@ def test_a_tree_smaller_than_the_probe_is_listed_whole(tmp_path):
         files, _, _ = tree.scan_source(str(tmp_path), pool)
     assert {rel: f.size for rel, f in files.items()} == {"a": 1, "b": 2} and pool.batches == []
 
-
-MOUNTINFO = "\n".join([
-    "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/vda rw",
-    "25 22 0:23 / /dev/shm rw,relatime - tmpfs tmpfs rw",
-    "40 22 0:40 / /lustre rw,relatime shared:7 master:2 - lustre 10.0.0.1@o2ib:/fs rw,flock",
-    "41 40 0:41 / /lustre/scratch/my\\040data rw - nfs4 nas:/export rw",
-    "42 22 0:42 / /mnt/view rw - fuse.latency_fs latency_fs rw",
-    "43 22 0:43 / /dev/shm rw - xfs /dev/nvme0n1 rw",  # mounted over the tmpfs: the later line wins
-])
-
-
-@pytest.mark.parametrize("path, fstype", [
-    ("/home/me/data", "ext4"), ("/", "ext4"), ("/lustre/pick/meta", "lustre"), ("/lustre", "lustre"),
-    ("/lustreX/pick", "ext4"),  # a prefix of the name is not a parent folder
-    ("/lustre/scratch/my data/x", "nfs4"), ("/mnt/view/a", "fuse.latency_fs"), ("/dev/shm/x", "xfs"),
-])
-def test_filesystem_type_is_the_longest_mount_point_holding_the_path(path, fstype, monkeypatch):
-    monkeypatch.setattr(tree.os.path, "realpath", lambda p: p)
-    assert tree.filesystem_type(path, MOUNTINFO) == fstype
-
-
-def test_filesystem_type_of_this_machine(tmp_path):
-    assert tree.filesystem_type(str(tmp_path)) is not None
-    assert tree.filesystem_type("/proc/self") == "proc"

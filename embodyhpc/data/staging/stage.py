@@ -59,15 +59,7 @@ from embodyhpc.data.staging.manifest import (
 )
 from embodyhpc.data.staging.progress import Progress, format_bytes
 from embodyhpc.data.staging.transfer import Chunk, Copied, WholeFiles, make_tasks, run_tasks
-from embodyhpc.data.staging.tree import (
-    LOCAL_FILESYSTEMS,
-    Plan,
-    SourceFile,
-    filesystem_type,
-    make_plan,
-    scan_dest,
-    scan_source,
-)
+from embodyhpc.data.staging.tree import Plan, SourceFile, make_plan, scan_dest, scan_source
 from embodyhpc.data.staging.verify import TASKS_PER_WORKER, damaged_error, verify_files
 
 MANIFEST_FLUSH_INTERVAL_S = 2.0
@@ -82,8 +74,8 @@ kernel clock (one tick: up to 10 ms); were a staged file changed in the tick its
 ctime would not move. Waiting two ticks before the manifest is written means any change after the manifest
 exists gets a later ctime (the same race git calls racy-clean)."""
 SERIAL_BELOW_BYTES = 1024 * 1024
-"""From a fast source (on a local filesystem, tree.LOCAL_FILESYSTEMS, and its stats answer in microseconds:
-tree.SourceListing.fast), batches of files smaller than this on average are copied by one thread while larger
+"""From a fast source (its stats answer in microseconds, tree.SourceListing.fast, and it is on a local filesystem,
+on_local_filesystem), batches of files smaller than this on average are copied by one thread while larger
 files use every worker. Copying a small file from such a
 source is CPU work under Python's GIL; more threads only add GIL hand-offs (10,000 files of 1-16 KiB from the page
 cache to tmpfs on 2 cores: 0.63-0.69 s on one thread, 1.26-1.27 s across 8). From a parallel filesystem every
@@ -184,7 +176,7 @@ class _StageRun:
         self.pool = pool
         self.serial = serial
         """Where small files of a fast source are copied (SERIAL_BELOW_BYTES); None: everything goes to `pool`."""
-        self.fast_source = False
+        self.fast_stats = False
         self.window = workers * TASKS_PER_WORKER
         self.progress = progress
         self.manifest = Manifest(src)
@@ -196,8 +188,7 @@ class _StageRun:
     def run(self, mode: str, start: float) -> StageResult:
         previous = self._previous_manifest()
         chunk_bytes = manifest_module.CHUNK_BYTES
-        src_files, src_dirs, fast_stats = scan_source(self.src, self.pool)
-        self.fast_source = fast_stats and filesystem_type(self.src) in LOCAL_FILESYSTEMS
+        src_files, src_dirs, self.fast_stats = scan_source(self.src, self.pool)
         dest_files, dest_dirs = scan_dest(self.dest)
         # entries describe this source's files only if made from it with the same hash leaves
         trusted = previous is not None and previous.source == self.src and previous.chunk_bytes == chunk_bytes
@@ -335,7 +326,7 @@ class _StageRun:
                 self._flush()
 
         route = None
-        if self.fast_source and self.serial is not None:
+        if self.fast_stats and self.serial is not None and on_local_filesystem(self.src):
             serial, pool = self.serial, self.pool
 
             def route(task: WholeFiles | Chunk) -> Executor:
@@ -377,6 +368,21 @@ class _StageRun:
             time.sleep(wait_ns / 1e9)
         write_manifest(Path(self.dest), self.manifest)
         self._flushed_at = time.monotonic()
+
+
+def on_local_filesystem(path: str) -> bool:
+    """`path` is on a filesystem whose opens and reads never wait on a server (embodyhpc.hw.storage's "local" kind).
+
+    A network filesystem can answer stats from its client's attribute cache yet still send every open to a metadata
+    server (NFS close-to-open, Lustre), so fast stats alone do not make a source local. An unknown mount is not local.
+    """
+    from embodyhpc.hw.storage import mount_for, read_mounts  # ~70 ms of imports: paid only when there is a copy
+
+    try:
+        mount = mount_for(path, read_mounts())
+    except OSError:
+        return False
+    return mount is not None and mount.kind == "local"
 
 
 def check_free_space(dest: str, plan: Plan) -> None:

@@ -30,34 +30,6 @@ stats 0.13-0.17 s through 8 threads, ~0.05 s on one); a parallel filesystem's me
 more, and there the pool overlaps them."""
 
 
-LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "bcachefs", "jfs", "tmpfs",
-                               "ramfs", "overlay"})
-"""Filesystems whose opens and reads never wait on a server. A network filesystem can answer stats from its
-client's attribute cache yet still send every open to a metadata server (NFS close-to-open, Lustre), so a fast stat
-alone does not make a source local."""
-
-
-def filesystem_type(path: str, mountinfo: str | None = None) -> str | None:
-    """The type of the filesystem holding `path` (its longest mount point in /proc/self/mountinfo); None if unknown."""
-    if mountinfo is None:
-        try:
-            with open("/proc/self/mountinfo") as f:
-                mountinfo = f.read()
-        except OSError:
-            return None
-    target = os.path.realpath(path)
-    best, fstype = -1, None
-    for line in mountinfo.splitlines():
-        fields, sep, rest = line.partition(" - ")
-        parts = fields.split()
-        if not sep or len(parts) < 5 or not rest.split():
-            continue
-        mount = parts[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
-        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-        if inside and len(mount) >= best:  # later lines win a tie: they are mounted over the earlier ones
-            best, fstype = len(mount), rest.split()[0]
-    return fstype
-
 
 class SourceFile(NamedTuple):
     """One source file as listed (a NamedTuple: a restage makes one per file, and a tuple is the cheapest record)."""
