@@ -18,21 +18,29 @@ along the sequence, and only segment ids and prefix flags decide what is visible
 
 Backends (`BACKENDS`); all take q [B, Tq, Hq, D] and k, v [B, Tk, Hkv, D] (multi-query: Hkv = 1 divides Hq):
 - sdpa_reference: SDPA with the dense boolean mask; the CPU reference every other backend is tested against.
-- sdpa_segments: per-segment SDPA calls without masks (the varlen plan of attention_varlen with a loop kernel).
-- flex: FlexAttention with a block mask. No backward on CPU in torch 2.13 (measured), so on CPU it serves
-  inference only; compiled on CUDA, eager (unfused, materialised scores) on CPU.
-- flash_varlen: flash_attn_varlen_func (flash-attn, CUDA only; PyPI has no wheel, it builds against CUDA).
+- sdpa_segments: the varlen plan of attention_varlen run by a CPU varlen kernel (one flash-attention call per
+  segment, as a custom op with flash-attn's calling convention), the CPU stand-in of the two GPU varlen kernels.
+- flex: FlexAttention with a block mask, compiled (dynamic shapes). No backward on CPU in torch 2.13 (measured),
+  so on CPU it serves inference only.
+- flash_varlen: flash_attn_varlen_func (flash-attn 2, CUDA only; PyPI has no wheel, it builds against CUDA).
 - torch_varlen: torch.nn.attention.varlen.varlen_attn (CUDA only: no CPU kernel in 2.13).
 "auto" picks flash_varlen, then torch_varlen (both need fp16/bf16 inputs), then flex on CUDA. On CPU it picks
 sdpa_segments for packed rows (2+ samples per row on average) and sdpa_reference otherwise. Measured here, fp32
 forward+backward, 4 heads: 4 rows x 512 tokens x 2 samples 34 vs 43 ms, 2 x 2048 x 8 samples (8 heads) 275 vs
 1218 ms; one sample per row (16 x 256) 118 vs 71 ms. flex is not a CPU candidate: it materialises the scores
 too, after a mask construction of seconds, and has no backward.
+
+Planning happens before the layers, once per pass: `AttentionLayout.prepare` resolves the backend and builds what
+its kernel reads (dense mask, varlen plan or block mask) with every data-dependent op (nonzero, unique, bincount,
+host reads of lengths) there, and returns a PreparedAttention that the model hands to every layer. Inside a
+layer, `attend(q, k, v, prepared=...)` only gathers, calls the kernel and scatters: no host sync and nothing a
+compiled block would break its graph on or recompile for beyond the tensors' sizes.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,6 +103,18 @@ class AttentionLayout:
         keys = self.q_segment_ids + torch.arange(rows, device=self.q_segment_ids.device)[:, None] * (2 ** 32)
         return torch.unique(keys[self.q_segment_ids != PAD_SEGMENT]).numel() / max(rows, 1)
 
+    def prepare(self, backend: str = "auto", *, device: torch.device | str | None = None,
+                dtype: torch.dtype | None = None, needs_grad: bool = False) -> PreparedAttention:
+        """Resolve `backend` for this device, dtype and pass, and build everything its kernel reads (the only
+        place data-dependent ops run). `device` defaults to the layout's."""
+        device = torch.device(device) if device is not None else self.q_segment_ids.device
+        packed = backend == "auto" and device.type == "cpu" and self.samples_per_row >= 2.0
+        name = resolve_backend(backend, device=device, needs_grad=needs_grad, dtype=dtype, packed=packed)
+        dense = self.dense_mask if name == "sdpa_reference" else None
+        varlen = self.varlen_plan if name in VARLEN_BACKENDS else None
+        block = self.flex_block_mask if name == "flex" else None
+        return PreparedAttention(name, dense_mask=dense, varlen=varlen, block_mask=block)
+
     @cached_property
     def dense_mask(self) -> torch.Tensor:
         """[B, Tq, Tk] bool, True where the query may see the key."""
@@ -124,17 +144,34 @@ class AttentionLayout:
         return create_block_mask(mask_mod, rows, None, num_q, num_k, device=q_seg.device)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: AttentionLayout, backend: str = "auto",
-           scale: float | None = None) -> torch.Tensor:
-    """Masked attention of q [B, Tq, Hq, D] over k, v [B, Tk, Hkv, D] -> [B, Tq, Hq, D]; scale defaults to D**-0.5."""
-    if q.shape[0] != layout.shape[0] or q.shape[1] != layout.shape[1] or k.shape[1] != layout.shape[2]:
-        raise ValueError(f"q {tuple(q.shape)} / k {tuple(k.shape)} do not match the layout {layout.shape}")
+@dataclass(frozen=True, eq=False)
+class PreparedAttention:
+    """A layout planned for one backend (AttentionLayout.prepare): what the kernel reads, nothing else."""
+
+    backend: str
+    dense_mask: torch.Tensor | None = None  # sdpa_reference: [B, Tq, Tk] bool
+    varlen: object | None = None  # varlen backends: attention_varlen.VarlenPlan
+    block_mask: object | None = None  # flex: torch.nn.attention.flex_attention.BlockMask
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: AttentionLayout | None = None,
+           backend: str = "auto", scale: float | None = None,
+           prepared: PreparedAttention | None = None) -> torch.Tensor:
+    """Masked attention of q [B, Tq, Hq, D] over k, v [B, Tk, Hkv, D] -> [B, Tq, Hq, D]; scale defaults to D**-0.5.
+
+    Pass `prepared` (planned once per pass, see the module doc) from model code; `layout` (+ `backend`) plans on
+    the spot, for tests and one-off calls.
+    """
+    if prepared is None:
+        if layout is None:
+            raise TypeError("attend needs a layout or a prepared plan")
+        if q.shape[0] != layout.shape[0] or q.shape[1] != layout.shape[1] or k.shape[1] != layout.shape[2]:
+            raise ValueError(f"q {tuple(q.shape)} / k {tuple(k.shape)} do not match the layout {layout.shape}")
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        prepared = layout.prepare(backend, device=q.device, dtype=q.dtype, needs_grad=needs_grad)
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"{q.shape[2]} query heads are not a multiple of {k.shape[2]} key/value heads")
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    packed = backend == "auto" and q.device.type == "cpu" and layout.samples_per_row >= 2.0
-    name = resolve_backend(backend, device=q.device, needs_grad=needs_grad, dtype=q.dtype, packed=packed)
-    return _IMPLEMENTATIONS[name](q, k, v, layout, scale)
+    return _IMPLEMENTATIONS[prepared.backend](q, k, v, prepared, scale)
 
 
 def resolve_backend(name: str, *, device: torch.device | str, needs_grad: bool, dtype: torch.dtype | None = None,
@@ -167,7 +204,8 @@ def backend_unavailable_reason(name: str, device_type: str, dtype: torch.dtype |
     if name in ("flash_varlen", "torch_varlen") and dtype not in (None, torch.float16, torch.bfloat16):
         return f"{name} needs float16 or bfloat16 inputs, got {dtype} (train with precision.mode=bf16 or fp8)"
     if name == "flash_varlen" and not _flash_attn_installed():
-        return "the flash-attn package is not installed (pip install flash-attn --no-build-isolation, on a GPU node)"
+        return ("flash-attn 2 is not installed: `from flash_attn import flash_attn_varlen_func` fails (flash-attn 4 "
+                "ships only flash_attn.cute; pip install 'flash-attn>=2.7,<3' --no-build-isolation, on a GPU node)")
     if name == "torch_varlen" and importlib.util.find_spec("torch.nn.attention.varlen") is None:
         return f"torch {torch.__version__} has no torch.nn.attention.varlen"
     return None
@@ -175,7 +213,12 @@ def backend_unavailable_reason(name: str, device_type: str, dtype: torch.dtype |
 
 @functools.lru_cache(maxsize=1)
 def _flash_attn_installed() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
+    """Whether flash-attn 2's varlen function imports: the package name alone is not enough (flash-attn 4 installs
+    a `flash_attn` package holding only `flash_attn.cute`, and a broken build fails only at import)."""
+    try:
+        return callable(importlib.import_module("flash_attn").flash_attn_varlen_func)
+    except (ImportError, AttributeError, OSError):
+        return False
 
 
 def repeat_kv(x: torch.Tensor, num_q_heads: int) -> torch.Tensor:
@@ -184,42 +227,51 @@ def repeat_kv(x: torch.Tensor, num_q_heads: int) -> torch.Tensor:
     return x if group == 1 else x.repeat_interleave(group, dim=-2)
 
 
-def _sdpa_reference(q, k, v, layout: AttentionLayout, scale):
+def _sdpa_reference(q, k, v, prepared: PreparedAttention, scale):
     k, v = repeat_kv(k, q.shape[2]), repeat_kv(v, q.shape[2])
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=layout.dense_mask[:, None], scale=scale)
+                                         attn_mask=prepared.dense_mask[:, None], scale=scale)
     return out.transpose(1, 2)
 
 
-@functools.lru_cache(maxsize=1)
+FLEX_COMPILE_BACKEND = "inductor"
+"""torch.compile backend of flex_attention: inductor fuses it (the GPU kernel and its backward). CPU tests set
+"eager" (the same dynamo path, lowered without inductor's seconds of C++ compilation per shape)."""
+
+
 def _compiled_flex() -> Callable:
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
+    return _compile_flex(FLEX_COMPILE_BACKEND)
 
 
-def _flex(q, k, v, layout: AttentionLayout, scale):
-    from torch.nn.attention.flex_attention import flex_attention
+@functools.lru_cache(maxsize=2)
+def _compile_flex(backend: str) -> Callable:
+    """flex_attention compiled once for all shapes (dynamic=True: with dynamic=False every new (B, Tq, Tk)
+    recompiled, and after torch's cache limit of 8 it fell back to the unfused path that materialises every
+    score). Inside a compiled block this wrapper is inlined into the block's graph."""
+    from torch.nn.attention import flex_attention as flex
 
-    kernel = _compiled_flex() if q.device.type == "cuda" else flex_attention
-    if q.device.type == "cpu" and not torch.is_grad_enabled():
+    return torch.compile(flex.flex_attention, dynamic=True, backend=backend)
+
+
+def _flex(q, k, v, prepared: PreparedAttention, scale):
+    if not torch.is_grad_enabled():
         # torch refuses CPU inputs that require grad even under no_grad; no graph is recorded here anyway
         q, k, v = q.detach(), k.detach(), v.detach()
-    out = kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=layout.flex_block_mask,
-                 scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+    out = _compiled_flex()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=prepared.block_mask,
+                           scale=scale, enable_gqa=q.shape[2] != k.shape[2])
     return out.transpose(1, 2)
 
 
 def _varlen(kernel_name: str):
-    def run(q, k, v, layout: AttentionLayout, scale):
+    def run(q, k, v, prepared: PreparedAttention, scale):
         from embodyhpc.models import attention_varlen
 
-        return attention_varlen.varlen_attend(q, k, v, layout.varlen_plan, attention_varlen.KERNELS[kernel_name],
-                                              scale)
+        return attention_varlen.varlen_attend(q, k, v, prepared.varlen, kernel_name, scale)
 
     return run
 
 
+VARLEN_BACKENDS = ("sdpa_segments", "flash_varlen", "torch_varlen")
 _IMPLEMENTATIONS: dict[str, Callable] = {
     "sdpa_reference": _sdpa_reference,
     "sdpa_segments": _varlen("sdpa_segments"),

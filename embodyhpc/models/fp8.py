@@ -59,18 +59,45 @@ def _convert_torchao(model: nn.Module, recipe: str) -> nn.Module:
     return convert_to_float8_training(model, config=config, module_filter_fn=fp8_linear_filter)
 
 
+TE_MIN_VERSION = (2, 9)
+"""te.autocast(recipe=...) and transformer_engine.pytorch.quantization exist from 2.9 (fp8_autocast before, with
+fp8_recipe=); Float8CurrentScaling came in 2.2 and Float8BlockScaling in 2.3. pyproject's `gpu` extra pins the
+range read (2.9-2.18); this check gives an install outside it a one-line error instead of an AttributeError."""
+
+
 def _import_te():
     try:
+        import transformer_engine
         import transformer_engine.pytorch as te
     except ImportError as exc:
         raise ConfigError("precision.fp8_backend=te needs transformer-engine (NVIDIA GPUs only)",
                           key="precision.fp8_backend",
-                          fix="pip install 'transformer-engine[pytorch]' on the GPU nodes, or use "
+                          fix="pip install 'transformer-engine[pytorch]>=2.9' on the GPU nodes, or use "
                           "fp8_backend=torchao") from exc
+    version = str(getattr(transformer_engine, "__version__", "0"))
+    if _version_tuple(version) < TE_MIN_VERSION or not hasattr(te, "autocast"):
+        raise ConfigError(f"transformer-engine {version} is too old: embodyhpc uses te.autocast(recipe=...) from 2.9",
+                          key="precision.fp8_backend",
+                          fix="pip install 'transformer-engine[pytorch]>=2.9,<2.19' on the GPU nodes")
     return te
 
 
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = re.match(r"\d+", piece)
+        parts.append(int(digits.group()) if digits else 0)
+    return tuple(parts)
+
+
 def _convert_te(model: nn.Module) -> nn.Module:
+    """Swap the filtered nn.Linear layers for te.Linear with the same shapes, dtype and device.
+
+    TE decides whether to defer initialisation with `device == "meta"`, a comparison with the string: a
+    torch.device("meta") is not equal to it, and TE would then allocate and initialise the full weight on cuda on
+    every rank at build time. So the device goes in as its string. A meta build stays on meta (materialize fills
+    it by the model's init rules, which cover te.Linear); a real build copies the Linear's values.
+    """
     te = _import_te()
     targets = [(fqn, module) for fqn, module in model.named_modules() if fp8_linear_filter(module, fqn)]
     for fqn, linear in targets:
@@ -78,7 +105,7 @@ def _convert_te(model: nn.Module) -> nn.Module:
         parent = model.get_submodule(parent_name)
         weight = linear.weight
         replacement = te.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                                params_dtype=weight.dtype, device=weight.device)
+                                params_dtype=weight.dtype, device=str(weight.device))
         if weight.device.type != "meta":
             with torch.no_grad():
                 replacement.weight.copy_(weight)
@@ -97,21 +124,85 @@ def te_recipe(name: str):
     return recipes[name]()
 
 
-def fp8_autocast(precision_cfg):
-    """The context the training forward runs in: te.autocast for fp8 with te, nothing otherwise (torchao's
-    Float8Linear scales by itself)."""
-    if precision_cfg is None or precision_cfg.mode != "fp8" or precision_cfg.fp8_backend != "te":
+def uses_te(precision_cfg) -> bool:
+    return precision_cfg is not None and precision_cfg.mode == "fp8" and precision_cfg.fp8_backend == "te"
+
+
+def fp8_autocast(precision_cfg, amax_reduction_group=None):
+    """The context every training forward (each micro-batch) runs in: te.autocast with the recipe for fp8 with te,
+    nothing otherwise (torchao's Float8Linear scales by itself). `amax_reduction_group`: the data-parallel group
+    over which delayed scaling reduces its amaxes (the loop passes the default group)."""
+    if not uses_te(precision_cfg):
         return contextlib.nullcontext()
-    return _import_te().autocast(enabled=True, recipe=te_recipe(precision_cfg.fp8_recipe))
+    return _import_te().autocast(enabled=True, recipe=te_recipe(precision_cfg.fp8_recipe),
+                                 amax_reduction_group=amax_reduction_group)
+
+
+def checkpoint_fn(precision_cfg):
+    """The activation-checkpoint function for blocks (parallel/ac.py): transformer-engine's own
+    te.distributed.checkpoint for fp8 with te, whose recompute re-enters the FP8 context of the forward (torch's
+    checkpoint would recompute TE layers outside autocast, in bf16, against activations saved in fp8); None (torch's)
+    otherwise."""
+    return _import_te().distributed.checkpoint if uses_te(precision_cfg) else None
+
+
+def is_fp8_layer(module: nn.Module) -> bool:
+    name, where = type(module).__name__, type(module).__module__
+    return (name == "Float8Linear" and where.startswith("torchao")) or (
+        name == "Linear" and where.startswith("transformer_engine"))
 
 
 def count_fp8_linears(model: nn.Module) -> tuple[int, int]:
     """(Linear layers converted to fp8, Linear layers left in high precision), for logs and tests."""
     converted = kept = 0
     for module in model.modules():
-        name = type(module).__name__
-        if name == "Float8Linear" or (name == "Linear" and type(module).__module__.startswith("transformer_engine")):
+        if is_fp8_layer(module):
             converted += 1
         elif isinstance(module, nn.Linear):
             kept += 1
     return converted, kept
+
+
+class FP8GemmCounter:
+    """Counts, per step, the forward GEMMs of the model's fp8 layers that ran in float8, and those that did not.
+
+    A forward pre-hook on each fp8 layer adds 1 to one of two counters: torchao's Float8Linear always computes in
+    float8; a te.Linear does only inside te.autocast (FP8GlobalStateManager.is_fp8_enabled(), read when the layer is
+    called), and otherwise falls back to the parameters' precision, which is what `fell_back` catches. Recomputation
+    under activation checkpointing counts (those GEMMs run again); each forward GEMM also has two backward GEMMs
+    (input and weight gradients) in the same precision, which are not counted.
+
+    The counters are tensors on the model's device, added to in place, so the hooks trace into compiled blocks
+    without graph breaks or recompiles; `take()` reads and resets them (one host sync, at log steps).
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device | str) -> None:
+        self.fp8 = torch.zeros((), dtype=torch.int64, device=device)
+        self.fell_back = torch.zeros((), dtype=torch.int64, device=device)
+        self.num_layers = 0
+        self._handles = []
+        for module in model.modules():
+            if is_fp8_layer(module):
+                hook = self._te_hook if type(module).__module__.startswith("transformer_engine") else self._hook
+                self._handles.append(module.register_forward_pre_hook(hook))
+                self.num_layers += 1
+
+    def _hook(self, module: nn.Module, args) -> None:
+        self.fp8.add_(1)
+
+    def _te_hook(self, module: nn.Module, args) -> None:
+        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+
+        (self.fp8 if FP8GlobalStateManager.is_fp8_enabled() else self.fell_back).add_(1)
+
+    def take(self) -> tuple[int, int]:
+        """(fp8 GEMMs, GEMMs of fp8 layers that ran in high precision) since the last take, and reset."""
+        values = (int(self.fp8), int(self.fell_back))
+        self.fp8.zero_()
+        self.fell_back.zero_()
+        return values
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()

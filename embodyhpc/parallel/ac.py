@@ -11,7 +11,7 @@ ctx=... and return None for a stream they skip), and it composes with FSDP2 and 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
@@ -20,10 +20,18 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 WRAPPED_PREFIX = "_checkpoint_wrapped_module."
 
 
-def apply_activation_checkpointing(model: nn.Module, names: Iterable[str]) -> None:
-    """Replace each named submodule of `model` in place by its checkpointed wrapper."""
+def apply_activation_checkpointing(model: nn.Module, names: Iterable[str],
+                                   checkpoint_fn: Callable | None = None) -> None:
+    """Replace each named submodule of `model` in place by its checkpointed wrapper.
+
+    `checkpoint_fn`: a checkpoint function with torch.utils.checkpoint.checkpoint's calling convention to use
+    instead of it, non-reentrant (models.fp8.checkpoint_fn: transformer-engine's, whose recompute re-enters the
+    forward's FP8 context)."""
     for name in names:
         parent_name, _, child = name.rpartition(".")
         block = model.get_submodule(name)
-        wrapped = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        if checkpoint_fn is None:
+            wrapped = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        else:
+            wrapped = checkpoint_wrapper(block, checkpoint_fn=checkpoint_fn, use_reentrant=False)
         model.get_submodule(parent_name).register_module(child, wrapped)

@@ -5,8 +5,7 @@ The sequence every rank runs (launch/train does it):
     with torch.device("meta"):
         model = build_model(model_cfg, precision_cfg)          # no memory, no init
     plan = parallelize(model, parallel_cfg, precision_cfg, mesh)
-    torch.manual_seed(seed)
-    materialize(model, device)                                  # to_empty + init_weights on the local shards
+    materialize(model, device, seed)                            # to_empty + the model's init rules, shard by shard
     log(plan.summary())
 
 Order inside parallelize (the order matters):
@@ -26,6 +25,7 @@ once. The root keeps FSDP's own default (not resharded, for the same reason).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,7 +34,10 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_f
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from embodyhpc.config.schema import ParallelismConfig, PrecisionConfig
+from embodyhpc.models.fp8 import checkpoint_fn
+from embodyhpc.models.init import init_parameters
 from embodyhpc.parallel.ac import apply_activation_checkpointing
+from embodyhpc.parallel.dynamic_shapes import mark_inputs_dynamic_hook
 from embodyhpc.parallel.mesh import mesh_degrees
 from embodyhpc.parallel.plan import ParallelPlan, declared_units, make_plan
 from embodyhpc.parallel.precision import check_fp8_conversion, mixed_precision_policy
@@ -46,12 +49,14 @@ DEFAULT_FORWARD_METHODS = ("sample_actions",)
 
 
 def parallelize(model: nn.Module, parallel_cfg: ParallelismConfig, precision_cfg: PrecisionConfig,
-                mesh: DeviceMesh) -> ParallelPlan:
+                mesh: DeviceMesh, *, compile_backend: str | Callable[[str], Any] | None = None) -> ParallelPlan:
     """Wrap `model` in place (AC, compile, FSDP2 on its declared units and the root); returns what was done.
 
     parallel_cfg and precision_cfg are the recipe's `parallelism` and `precision` sections; mesh comes from
     build_mesh with the resolved degrees. The model must declare `fsdp_units()` (refused otherwise) and, for
     precision.mode=fp8, already hold its fp8 layers (build_model converts them).
+    `compile_backend`: torch.compile's backend for the compiled units (default inductor), or a function of the
+    unit's name returning one (compile_stats.CompileStats.backend_for: per-unit counts in tests and benches).
     """
     declared_units(model)  # first: refuse a model without declared units before touching anything
     dp_replicate, dp_shard = mesh_degrees(mesh)
@@ -60,10 +65,13 @@ def parallelize(model: nn.Module, parallel_cfg: ParallelismConfig, precision_cfg
     plan = make_plan(model, parallel_cfg, precision_cfg, dp_replicate=dp_replicate, dp_shard=dp_shard,
                      fp8_backend_in_model=fp8_backend)
 
-    apply_activation_checkpointing(model, plan.ac_units)
+    apply_activation_checkpointing(model, plan.ac_units, checkpoint_fn(precision_cfg))
     for name in plan.compiled_units:
-        model.get_submodule(name).compile()  # in place: same module, same parameter names
+        backend = compile_backend(name) if callable(compile_backend) else (compile_backend or "inductor")
+        model.get_submodule(name).compile(backend=backend)  # in place: same module, same parameter names
     apply_fsdp(model, plan, mesh, mixed_precision_policy(precision_cfg))
+    for name in plan.compiled_units:  # after fully_shard: see dynamic_shapes.py
+        model.get_submodule(name).register_forward_pre_hook(mark_inputs_dynamic_hook, with_kwargs=True)
     for method in _forward_methods(model):
         register_fsdp_forward_method(model, method)
     return plan
@@ -78,54 +86,38 @@ def apply_fsdp(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh, mp_policy
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
 
 
-def materialize(model: nn.Module, device: torch.device | str) -> None:
-    """Allocate a meta-built, parallelized model's local shards on `device` and fill them with the model's own
-    `init_weights()`, seeded by the caller (the same seed on every rank).
+def materialize(model: nn.Module, device: torch.device | str, seed: int | None = None) -> None:
+    """Allocate a meta-built, parallelized model's local shards on `device` and fill every parameter by the model's
+    init rules (`model.init_rules`, embodyhpc.models.init), the same code path on every device.
 
-    On CUDA-like devices init_weights runs on the DTensor shards directly: DTensor's offset-based RNG gives every
-    shard its own part of one random stream, without ever holding a full tensor. CPU has no such RNG (torch warns
-    "DTensor random operators may not have complete support"): every rank would draw the same numbers for its
-    own shard, and the shards of each weight would be copies of one another. On CPU each parameter is therefore
-    initialised at full size and each rank keeps its slice, which makes the result equal to an unsharded build
-    initialised from the same seed, at the cost of one unsharded copy of the model in host memory during the
-    call (the CPU runs that take this path are tests and demos).
+    Each parameter is filled as one full-size tensor on `device` (one parameter at a time: the largest parameter is
+    the only extra memory, 2.1 GB for full pi0.5's token embedding in float32), from a generator seeded by `seed`
+    and the parameter's name; every rank computes the same tensor and keeps its own slice. The result therefore
+    equals an unsharded `init_weights(seed)` element for element on any world size, and the shards of a random
+    weight are different parts of one draw (DTensor's own random ops give every rank the same numbers on CPU, and
+    writing into a sharded DTensor through a slice updates a temporary, not the shard).
 
-    On GPUs pass the rank's own device (torch.device("cuda", local_rank)); a bare "cuda" means the current one.
+    `seed` None draws one from torch's global generator (as `init_weights()` does): seed it the same on every rank.
+    On GPUs pass the rank's own device (torch.device("cuda", local_rank)).
     """
-    init_weights = getattr(model, "init_weights", None)
-    if not callable(init_weights):
-        raise TypeError(f"{type(model).__name__} has no init_weights(): a model built on the meta device needs one "
-                        "to fill its parameters after sharding (to_empty leaves them uninitialised)")
-    device = torch.device(device)
-    model.to_empty(device=device)
-    with torch.no_grad():
-        if device.type != "cpu":
-            init_weights()
-            return
-        _init_full_then_shard(model, init_weights)
+    rules = getattr(model, "init_rules", None)
+    if not callable(rules):
+        raise TypeError(f"{type(model).__name__} has no init_rules(): a model built on the meta device states how "
+                        "each parameter is initialised (embodyhpc.models.init), to fill its shards after sharding "
+                        "(to_empty leaves them uninitialised)")
+    model.to_empty(device=torch.device(device))
+    init_parameters(model, rules, seed, place=_fill_shard)
 
 
-def _init_full_then_shard(model: nn.Module, init_weights: Callable[[], None]) -> None:
-    """init_weights on full-size stand-ins for the DTensor parameters, then copy each rank's slice back."""
-    stand_ins: dict[int, tuple[DTensor, nn.Parameter]] = {}  # by id of the sharded parameter (tied weights: one)
-    swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
-    for module in model.modules():
-        for name, param in list(module.named_parameters(recurse=False)):
-            if not isinstance(param, DTensor):
-                continue
-            if id(param) not in stand_ins:
-                full = nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=param.to_local().device))
-                stand_ins[id(param)] = (param, full)
-            module.register_parameter(name, stand_ins[id(param)][1])
-            swapped.append((module, name, param))
-    try:
-        init_weights()
-    finally:
-        for module, name, sharded in swapped:
-            module.register_parameter(name, sharded)
-    for sharded, full in stand_ins.values():
-        # src_data_rank=None: every rank holds the same full tensor, so each takes its slice locally
-        sharded.copy_(distribute_tensor(full.detach(), sharded.device_mesh, sharded.placements, src_data_rank=None))
+def _fill_shard(param: torch.Tensor, fill: Callable[[torch.Tensor], None]) -> None:
+    """Fill a parameter by its rule: a plain tensor in place; a DTensor through a full-size tensor sliced locally."""
+    if not isinstance(param, DTensor):
+        fill(param)
+        return
+    full = torch.empty(param.shape, dtype=param.dtype, device=param.to_local().device)
+    fill(full)
+    # src_data_rank=None: every rank holds the same full tensor, so each takes its slice locally
+    param.copy_(distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None))
 
 
 def _check_degrees(parallel_cfg: ParallelismConfig, dp_replicate: int, dp_shard: int) -> None:

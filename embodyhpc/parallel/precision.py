@@ -9,9 +9,12 @@ Parameters are stored (sharded) in float32 whatever the mode, so the optimizer s
   enable_fsdp_float8_all_gather, so each sharded weight casts itself to float8 before FSDP's all-gather
   (fsdp_pre_all_gather on torchao's weight tensor subclass) and FSDP needs no extra option. With te the
   weights are all-gathered in bf16 and transformer-engine casts inside its layers.
-FSDP also casts the floating-point tensors among each wrapped module's forward arguments to the parameter dtype
-(cast_forward_inputs). It does not look inside dataclasses: pi0.5's batch reaches the model as given, and the
-model casts images and actions to its weights' dtype itself.
+FSDP's own casting of forward inputs is off (cast_forward_inputs=False, for units and root alike): with it, every
+wrapped module's floating-point arguments are cast to the parameter dtype, and torch 2.13's `_apply_to_tensors`
+recurses into dataclasses, rebuilding them with dataclasses.replace. That rounded pi0.5's flow-matching target
+(Pi05Batch.actions) to bf16, and gave every layer a fresh copy of the token plan, whose cached attention layouts
+were then rebuilt in every layer. Models cast what they compute on to their weights' dtype themselves (pi0.5 does),
+and keep targets, rotary angles and plans as built.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from embodyhpc.config.schema import PrecisionConfig
 def mixed_precision_policy(precision_cfg: PrecisionConfig) -> MixedPrecisionPolicy:
     """The MixedPrecisionPolicy for every fully_shard call (units and root alike)."""
     if precision_cfg.mode == "fp32":
-        return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(cast_forward_inputs=False)
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
 
 
 def fp8_backend_in_model(model: nn.Module) -> str:

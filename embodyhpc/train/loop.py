@@ -61,6 +61,7 @@ from embodyhpc.data.loader import build_dataloader
 from embodyhpc.data.normalize import StateNormalizer
 from embodyhpc.errors import ConfigError
 from embodyhpc.models import build_model, build_tokenizer
+from embodyhpc.models.fp8 import FP8GemmCounter, fp8_autocast
 from embodyhpc.parallel import build_mesh, materialize, parallelize
 from embodyhpc.train.adapter import ACTION_KEY, Pi05Collate, batch_token_budget, batch_tokens
 from embodyhpc.train.metrics import ConsoleMetricsSink, JsonlMetricsSink, MetricsSink
@@ -120,9 +121,10 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
     with torch.device("meta"):
         model = build_model(model_cfg, precision)
     parallelize(model, parallelism, precision, mesh)
-    torch.manual_seed(train_cfg.seed)  # the same full initial weights on every rank, whatever the world size
-    materialize(model, device)
+    materialize(model, device, seed=train_cfg.seed)  # the same full initial weights on any world size
     model.train()
+    fp8_gemms = FP8GemmCounter(model, device)  # no layers (and nothing logged) unless precision.mode=fp8
+    amax_group = dist.group.WORLD if dist.get_world_size() > 1 else None
     optimizer = build_optimizer(model, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     _seed_rank_streams(train_cfg.seed + rank)
 
@@ -152,6 +154,7 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
         sinks = [*sinks, *extra_sinks]
     last_metrics: dict[str, float] = {}
     step = start_step
+    steps_since_log = 0
     stopped_by: str | None = None
     stop_group = cpu_group()
     with contextlib.ExitStack() as cleanup:
@@ -171,7 +174,8 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
                 batch = stream.next_batch()
                 wait_s += time.perf_counter() - waited
                 batch = batch.to(device)
-                loss = model(batch).loss
+                with fp8_autocast(precision, amax_reduction_group=amax_group):  # te: each micro-batch, own region
+                    loss = model(batch).loss
                 (loss / accum).backward()
                 loss_sum += loss.detach()
                 num_tokens += batch_tokens(batch, model_cfg)
@@ -183,10 +187,13 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
             stream.commit()
             step_time_s = time.perf_counter() - started
 
+            steps_since_log += 1
             if step % train_cfg.log_every == 0 or step == train_cfg.steps:
                 last_metrics = _reduced_metrics(loss_sum / accum, grad_norm, lr, step_time_s, wait_s, num_tokens,
                                                 budget_tokens, train_cfg.micro_batch_size * accum,
                                                 dist_env.world_size, device)
+                last_metrics.update(_fp8_metrics(fp8_gemms, steps_since_log))
+                steps_since_log = 0
                 for sink in sinks:
                     sink.write(step, last_metrics)
             if step == train_cfg.steps:
@@ -300,6 +307,16 @@ def _reduced_metrics(loss: torch.Tensor, grad_norm: float, lr: float, step_time_
     if budget_total > 0:
         metrics["packing_efficiency"] = tokens_total / budget_total
     return metrics
+
+
+def _fp8_metrics(counter: FP8GemmCounter, steps: int) -> dict[str, float]:
+    """fp8_gemms: forward GEMMs that ran in float8 per step on this rank (models/fp8.py FP8GemmCounter), averaged over
+    the steps since the last log; fp8_gemms_fell_back: GEMMs of fp8 layers that ran in high precision (te layers
+    outside te.autocast: should be 0). Nothing for a model without fp8 layers."""
+    if counter.num_layers == 0:
+        return {}
+    fp8, fell_back = counter.take()
+    return {"fp8_gemms": fp8 / max(steps, 1), "fp8_gemms_fell_back": fell_back / max(steps, 1)}
 
 
 def write_policy_io(export_dir: Path, data_root: str, model_cfg: ModelConfig, normalizer: StateNormalizer) -> None:

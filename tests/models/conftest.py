@@ -23,6 +23,16 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def flex_without_inductor(monkeypatch):
+    """flex_attention goes through torch.compile as in production (dynamic shapes), lowered by the eager backend:
+    inductor's C++ build of the CPU flex kernel takes ~20 s per shape here (measured). gpu tests use inductor."""
+    from embodyhpc.models import attention
+
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(attention, "FLEX_COMPILE_BACKEND", "eager")
+
+
 @pytest.fixture
 def tiny_cfg() -> ModelConfig:
     return ModelConfig(size="tiny", action_horizon=HORIZON, action_dim=ACTION_DIM, max_token_len=160)

@@ -126,5 +126,5 @@ def test_build_mesh_takes_resolved_degrees_only() -> None:
 def test_materialize_refuses_a_model_without_init_weights() -> None:
     with torch.device("meta"):
         model = Undeclared()
-    with pytest.raises(TypeError, match="Undeclared has no init_weights"):
+    with pytest.raises(TypeError, match="Undeclared has no init_rules"):
         materialize(model, "cpu")

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodyhpc.models.attention import attend
+from embodyhpc.models.attention import PreparedAttention, attend
 from embodyhpc.models.pi05.plan import TokenPlan, from_rows, to_rows
 from embodyhpc.models.pi05.shapes import Pi05Shape, StreamShape
 
@@ -149,13 +149,17 @@ def _residual(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor | None) 
 
 @dataclass(frozen=True)
 class LayerContext:
-    """What every layer of one pass shares: the token plan (layouts), rotary angles, time condition, backend."""
+    """What every layer of one pass shares, all built before the first layer: the token plan (gathers), rotary
+    angles, time condition, and attention planned for the layouts this pass uses (joint: training layers; prefix:
+    filling the inference cache; suffix: action queries over joint keys), None where unused."""
 
     plan: TokenPlan
     prefix_rope: tuple[torch.Tensor, torch.Tensor]
     suffix_rope: tuple[torch.Tensor, torch.Tensor]
     cond: TimeCondition | None
-    backend: str
+    joint_attention: PreparedAttention | None = None
+    prefix_attention: PreparedAttention | None = None
+    suffix_attention: PreparedAttention | None = None
 
 
 KeyValue = tuple[torch.Tensor, torch.Tensor]  # k, v [1, Np, Hkv, D] of the flat prefix, rotary already applied
@@ -210,7 +214,7 @@ class JointLayer(nn.Module):
                 return None, None, kv
             rows = plan.prefix_rows
             out = attend(to_rows(prefix_q, rows), to_rows(kv[0], rows), to_rows(kv[1], rows),
-                         layout=plan.prefix_layout, backend=ctx.backend, scale=self.scale)
+                         prepared=ctx.prefix_attention, scale=self.scale)
             return self.vlm.finish(prefix, from_rows(out, plan.prefix_inverse), None, None), None, kv
         h, attn_gate = self.expert.normed(self.expert.attn_norm, suffix, ctx.cond)
         suffix_q = self.expert.queries(h, ctx.suffix_rope)
@@ -219,13 +223,13 @@ class JointLayer(nn.Module):
         values = to_rows(torch.cat([kv[1], v], 1), plan.joint_rows)
         if prefix_q is not None:  # training, every layer but the last: prefix and action queries, joint rows
             queries = to_rows(torch.cat([prefix_q, suffix_q], 1), plan.joint_rows)
-            out = attend(queries, keys, values, layout=plan.joint_layout, backend=ctx.backend, scale=self.scale)
+            out = attend(queries, keys, values, prepared=ctx.joint_attention, scale=self.scale)
             out = from_rows(out, plan.joint_inverse)
             num_prefix = prefix.shape[1]
             prefix_out = self.vlm.finish(prefix, out[:, :num_prefix], None, None)
             return prefix_out, self.expert.finish(suffix, out[:, num_prefix:], ctx.cond, attn_gate), None
         # the action queries alone: the last training layer, and inference over the cached prefix
-        out = attend(to_rows(suffix_q, plan.suffix_rows), keys, values, layout=plan.suffix_layout,
-                     backend=ctx.backend, scale=self.scale)
+        out = attend(to_rows(suffix_q, plan.suffix_rows), keys, values, prepared=ctx.suffix_attention,
+                     scale=self.scale)
         suffix_out = self.expert.finish(suffix, from_rows(out, plan.suffix_inverse), ctx.cond, attn_gate)
         return None, suffix_out, None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from embodyhpc.models.init import Constant, Normal, Pieces, Rule, init_parameters, linear_like, owned
 from embodyhpc.models.pi05.batch import Pi05Batch
 from embodyhpc.models.pi05.layers import (
     AdaRMSNorm,
@@ -91,26 +92,29 @@ class Pi05Policy(nn.Module):
         because one forward needs both)."""
         return [self.embed_tokens, *self.vision.blocks, *self.layers]
 
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        """(Re)initialise every parameter; parallel/ calls it after materialising a meta-device build."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Conv2d, nn.Embedding)):
-                nn.init.normal_(module.weight, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
-            elif isinstance(module, RMSNorm):
-                nn.init.zeros_(module.weight)
-        for module in self.modules():
-            if isinstance(module, AdaRMSNorm):  # start as a plain RMSNorm and residual; time modulation is learned
-                nn.init.zeros_(module.modulation.weight)
-                nn.init.zeros_(module.modulation.bias)
-                if module.gated:  # gate = 1 (openpi zero-initialises it, adaLN-Zero: a choice of init only)
-                    nn.init.ones_(module.modulation.bias[2 * module.dim:])
-        nn.init.normal_(self.vision.position_embedding, std=0.02)
+    def init_weights(self, seed: int | None = None) -> None:
+        """(Re)initialise every parameter by init_rules (models/init.py); `seed` None draws one from torch's global
+        generator. parallel/ applies the same rules to the shards of a meta-device build (materialize)."""
+        if any(p.is_meta for p in self.parameters()):
+            return  # built on the meta device: parallel/'s materialize fills the allocated shards by the same rules
+        init_parameters(self, self.init_rules, seed)
+
+    def init_rules(self, fqn: str, module: nn.Module) -> dict[str, Rule]:
+        """{parameter name: rule} for the parameters `module` owns (see models/init.py), by module type."""
+        if isinstance(module, AdaRMSNorm):  # start as a plain RMSNorm and residual; time modulation is learned
+            # gate = 1 (openpi zero-initialises it, adaLN-Zero: a choice of init only); rows [scale | shift | gate]
+            runs = ((2 * module.dim, 0.0), (module.dim, 1.0)) if module.gated else ((2 * module.dim, 0.0),)
+            return {"modulation.weight": Constant(0.0), "modulation.bias": Pieces(runs)}
+        if linear_like(module) or isinstance(module, (nn.Conv2d, nn.Embedding)):
+            return {name: Normal(0.02) if name == "weight" else Constant(0.0)
+                    for name in owned(module, ("weight", "bias"))}
+        if isinstance(module, nn.LayerNorm):
+            return {name: Constant(1.0 if name == "weight" else 0.0) for name in owned(module, ("weight", "bias"))}
+        if isinstance(module, RMSNorm):
+            return {"weight": Constant(0.0)}  # Gemma's scale is stored as an offset from 1
+        if isinstance(module, VisionTower):
+            return {"position_embedding": Normal(0.02)}
+        return {}
 
     # ---- training ----
     def forward(self, batch: Pi05Batch, *, noise: torch.Tensor | None = None, time: torch.Tensor | None = None,
@@ -149,7 +153,7 @@ class Pi05Policy(nn.Module):
                          plan: TokenPlan | None = None) -> torch.Tensor:
         """v(x_t, t) [N, H, A] with the full model (prefix recomputed)."""
         plan = plan if plan is not None else self.token_plan(batch)
-        ctx = self._context(plan, time)
+        ctx = self._context(plan, time, attention=("joint", "suffix"))
         prefix = self._embed_prefix(batch, plan)
         suffix = self._embed_suffix(noisy_actions, plan, self.state_embedding(batch))
         for layer in self.layers:
@@ -184,7 +188,7 @@ class Pi05Policy(nn.Module):
 
     def prefix_cache(self, batch: Pi05Batch, plan: TokenPlan) -> list[KeyValue]:
         """Keys and values of the prefix in every layer (rotary applied)."""
-        ctx = self._context(plan, None)
+        ctx = self._context(plan, None, attention=("prefix",))
         prefix = self._embed_prefix(batch, plan)
         cache = []
         for layer in self.layers:
@@ -195,7 +199,7 @@ class Pi05Policy(nn.Module):
     def velocity_from_cache(self, cache: list[KeyValue], noisy_actions: torch.Tensor, time: torch.Tensor,
                             plan: TokenPlan, *, state: torch.Tensor | None = None) -> torch.Tensor:
         """`state`: state_embedding(batch) when the model reads a continuous state (computed once per batch)."""
-        ctx = self._context(plan, time)
+        ctx = self._context(plan, time, attention=("suffix",))
         suffix = self._embed_suffix(noisy_actions, plan, state)
         for layer, kv in zip(self.layers, cache, strict=True):
             _, suffix, _ = layer(None, suffix, ctx=ctx, cached_kv=kv)
@@ -210,16 +214,23 @@ class Pi05Policy(nn.Module):
             camera_valid=batch.camera_valid(), prompt_lengths=[int(n) for n in batch.prompt_lengths.tolist()],
             max_prompt_len=batch.prompt_ids.shape[1], horizon=self.action_horizon, device=batch.images.device)
 
-    def _context(self, plan: TokenPlan, time: torch.Tensor | None) -> LayerContext:
+    def _context(self, plan: TokenPlan, time: torch.Tensor | None, *, attention: tuple[str, ...]) -> LayerContext:
+        """Everything the layers of one pass share, built here, before the first layer, so that no layer runs a
+        data-dependent op or a host sync (and a compiled layer has nothing to break its graph on): rotary angles,
+        the time condition, and attention planned for each layout in `attention` (joint, prefix, suffix)."""
         shape = self.shape
         cond = None
         if time is not None:
             emb = time_embedding(time, shape.expert.width).to(self.time_mlp_in.weight.dtype)
             emb = nn.functional.silu(self.time_mlp_out(nn.functional.silu(self.time_mlp_in(emb))))
             cond = TimeCondition(per_sample=emb, token_sample=plan.suffix_sample)
+        # the layers compute q/k/v in the dtype the weights are used in (bf16 under mixed precision)
+        dtype, needs_grad = self.vision_projector.weight.dtype, torch.is_grad_enabled()
+        prepared = {f"{name}_attention": getattr(plan, f"{name}_layout").prepare(
+            self.attention_backend, dtype=dtype, needs_grad=needs_grad) for name in attention}
         return LayerContext(plan=plan, prefix_rope=rope_angles(plan.prefix_positions, shape.head_dim, shape.rope_base),
                             suffix_rope=rope_angles(plan.suffix_positions, shape.head_dim, shape.rope_base),
-                            cond=cond, backend=self.attention_backend)
+                            cond=cond, **prepared)
 
     def _embed_prefix(self, batch: Pi05Batch, plan: TokenPlan) -> torch.Tensor:
         """[R, Tp, vlm width]: projected patch tokens and scaled prompt embeddings, gathered into rows."""

@@ -1,0 +1,37 @@
+"""checkpoint as in transformer_engine/pytorch/distributed.py (v2.9): activation checkpointing whose recompute
+runs in the FP8 state of the forward (autocast re-entered with the forward's recipe), popping TE's own keyword
+arguments; `use_reentrant` defaults to True as in TE. Only the non-reentrant form is implemented here."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from transformer_engine.pytorch.quantization import FP8GlobalStateManager, autocast
+
+
+def checkpoint(function, *args, **kwargs):
+    use_reentrant = kwargs.pop("use_reentrant", True)
+    kwargs.pop("distribute_saved_activations", False)
+    kwargs.pop("tp_group", None)
+    kwargs.pop("get_rng_state_tracker", None)
+    user_context_fn = kwargs.pop("context_fn", None)
+    kwargs.pop("determinism_check", None)
+    kwargs.pop("debug", None)
+    if use_reentrant:
+        raise NotImplementedError("the double implements use_reentrant=False only")
+    fp8 = FP8GlobalStateManager.is_fp8_enabled()
+    recipe = FP8GlobalStateManager.get_fp8_recipe() if fp8 else None
+
+    def contexts():
+        forward_ctx, recompute_ctx = user_context_fn() if user_context_fn else (contextlib.nullcontext(),) * 2
+
+        @contextlib.contextmanager
+        def recompute():
+            with recompute_ctx, autocast(enabled=fp8, recipe=recipe):
+                yield
+
+        return forward_ctx, recompute()
+
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=contexts, **kwargs)
