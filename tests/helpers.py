@@ -27,3 +27,24 @@ def statuses(cli, run_dir: Path) -> dict[str, dict]:
     result = cli("status", str(run_dir), "--json")
     assert result.code == 0, result.err
     return {job["kind"]: job for job in json.loads(result.out)["jobs"]}
+
+
+DOUBLES = Path(__file__).resolve().parent / "doubles"
+
+
+def use_doubles(*packages: str) -> None:
+    """Make `import <package>` load the CPU double in tests/doubles (first on sys.path, cached modules dropped).
+    For worker processes; tests use the fixtures built on it (tests/models/conftest.py)."""
+    import sys
+
+    if str(DOUBLES) not in sys.path:
+        sys.path.insert(0, str(DOUBLES))
+    drop_modules(*packages)
+
+
+def drop_modules(*packages: str) -> None:
+    import sys
+
+    for name in list(sys.modules):
+        if name.split(".")[0] in packages:
+            del sys.modules[name]

@@ -189,7 +189,7 @@ def resolve_backend(name: str, *, device: torch.device | str, needs_grad: bool, 
     if name not in BACKENDS:
         raise ConfigError(f"unknown attention backend {name!r}; known: auto, {', '.join(BACKENDS)}", key=_KEY)
     reason = backend_unavailable_reason(name, device_type, dtype)
-    if reason is None and needs_grad and device_type == "cpu" and name not in CPU_TRAINING_BACKENDS:
+    if reason is None and needs_grad and device_type == "cpu" and name == "flex":
         reason = "FlexAttention has no backward on CPU (it serves CPU inference only)"
     if reason is not None:
         raise ConfigError(f"{name} cannot run here: {reason}", key=_KEY,

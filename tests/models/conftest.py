@@ -34,6 +34,19 @@ def flex_without_inductor(monkeypatch):
 
 
 @pytest.fixture
+def te_double(monkeypatch):
+    """transformer_engine imports the CPU double of tests/doubles (transformer-engine 2.9-2.18's API) for this test."""
+    from tests.helpers import DOUBLES, drop_modules
+
+    monkeypatch.syspath_prepend(str(DOUBLES))
+    drop_modules("transformer_engine")
+    import transformer_engine
+
+    yield transformer_engine
+    drop_modules("transformer_engine")
+
+
+@pytest.fixture
 def tiny_cfg() -> ModelConfig:
     return ModelConfig(size="tiny", action_horizon=HORIZON, action_dim=ACTION_DIM, max_token_len=160)
 

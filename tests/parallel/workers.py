@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor
 from embodyhpc.config.resolve import resolve
 from embodyhpc.config.schema import Config, ModelConfig, ParallelismConfig, PrecisionConfig, ResourcesConfig
 from embodyhpc.models import build_model
-from embodyhpc.models.pi05 import Pi05Sample
+from embodyhpc.models.pi05 import Pi05Policy, Pi05Sample
 from embodyhpc.parallel import build_mesh, materialize, parallelize, precompute_fp8_scales
 from embodyhpc.parallel.ac import WRAPPED_PREFIX
 from embodyhpc.parallel.mesh import SHARD_DIM
@@ -215,3 +215,110 @@ def compile_scenario(rank: int, world: int) -> dict:
         run = train(model, rank, world, steps=2)
         results[name] = {"plan": plan, "losses": run["losses"], "step_s": run["step_s"]}
     return results
+
+
+TE_FP8 = PrecisionConfig(mode="fp8", fp8_backend="te", fp8_recipe="current")
+
+
+def init_scenario(rank: int, world: int) -> dict:
+    """materialize on 2 ranks of a model holding every layer type (te.Linear from the transformer-engine double,
+    the expert-state projection, adaRMS norms), every allocated parameter poisoned with NaN first; rank 0 also
+    initialises the same model unsharded with the same seed."""
+    import dataclasses
+
+    from tests.helpers import use_doubles
+
+    use_doubles("transformer_engine")
+    cfg = dataclasses.replace(MODEL, state_input="expert", state_dim=6)
+    with torch.device("meta"):
+        model = build_model(cfg, TE_FP8)
+    parallelize(model, ParallelismConfig(), TE_FP8, build_mesh(1, world, "cpu"))
+    to_empty = model.to_empty
+
+    def poisoned(*, device, recurse=True):
+        result = to_empty(device=device, recurse=recurse)
+        with torch.no_grad():
+            for param in model.parameters():
+                _local(param).fill_(float("nan"))
+        return result
+
+    model.to_empty = poisoned
+    materialize(model, "cpu", seed=5)
+    results = {"params": local_params(model)}
+    if rank == 0:
+        reference = build_model(cfg, TE_FP8)
+        reference.init_weights(seed=5)
+        results["reference"] = local_params(reference)
+    return results
+
+
+def fsdp_inputs_scenario(rank: int, world: int) -> dict:
+    """One bf16 FSDP2 training forward+backward, spying on what the model and its layers receive: the flow-matching
+    target's dtype and values, the token plans and attention plans built, the LayerContext each layer gets."""
+    from embodyhpc.models.attention import AttentionLayout
+    from embodyhpc.models.pi05 import model as pi05_model
+
+    seen: dict = {"plans": 0, "prepares": 0, "actions": [], "shared": [], "rope_dtypes": []}
+    build_plan, prepare, predict = pi05_model.build_token_plan, AttentionLayout.prepare, Pi05Policy.predict_velocity
+
+    def counting_plan(**kwargs):
+        seen["plans"] += 1
+        return build_plan(**kwargs)
+
+    def counting_prepare(self, *args, **kwargs):
+        seen["prepares"] += 1
+        return prepare(self, *args, **kwargs)
+
+    def spying_predict(self, batch, *args, **kwargs):
+        seen["actions"].append(batch.actions.detach().clone())
+        return predict(self, batch, *args, **kwargs)
+
+    pi05_model.build_token_plan = counting_plan
+    AttentionLayout.prepare = counting_prepare
+    Pi05Policy.predict_velocity = spying_predict
+    model, _ = build_sharded(build_mesh(1, world, "cpu"), ParallelismConfig(), BF16)
+
+    def spy_layer(module, args, kwargs):
+        ctx = kwargs["ctx"]  # FSDP2 rebuilds it around the grad-requiring time condition; what it holds is shared
+        seen["shared"].append((id(ctx.plan), id(ctx.joint_attention), id(ctx.suffix_attention)))
+        seen["rope_dtypes"].append(str(ctx.prefix_rope[0].dtype))
+
+    for layer in model.layers:
+        layer.register_forward_pre_hook(spy_layer, with_kwargs=True)
+    samples, noise, flow_time = step_data(0, PER_RANK * world)
+    mine = samples[rank * PER_RANK:(rank + 1) * PER_RANK]
+    batch = make_batch(MODEL, mine)
+    model(batch, noise=noise[:PER_RANK], time=flow_time[:PER_RANK]).loss.backward()
+    seen["given_actions"] = batch.actions.clone()
+    seen["num_layers"] = len(model.layers)
+    return seen
+
+
+def compile_counts_scenario(rank: int, world: int, ac: str, num_batches: int) -> dict:
+    """Per-block torch.compile (aot_eager, counted per block by CompileStats) under FSDP2 with AC `ac`, over
+    `num_batches` packed batches of different compositions (3-5 samples, 1-2 cameras, prompts of 1-30 words)."""
+    import torch._dynamo
+
+    from embodyhpc.data.packing import first_fit_decreasing
+    from embodyhpc.parallel.compile_stats import CompileStats
+
+    torch._dynamo.reset()
+    stats = CompileStats("aot_eager")
+    with torch.device("meta"):
+        model = build_model(MODEL, FP32)
+    parallelize(model, ParallelismConfig(activation_checkpointing=ac, compile=True), FP32, build_mesh(1, world, "cpu"),
+                compile_backend=stats.backend_for)
+    materialize(model, "cpu", seed=0)
+    g = torch.Generator().manual_seed(rank)
+    words = "pick up the red cup and place it on the shelf near the open door slowly".split()
+    for _ in range(num_batches):
+        count = int(torch.randint(3, 6, (), generator=g))
+        samples = [Pi05Sample(images=torch.rand(2, 3, 32, 32, generator=g),
+                              instruction=" ".join(words[:int(torch.randint(1, 16, (), generator=g))] * 2),
+                              state=torch.rand(6, generator=g) * 2 - 1,
+                              image_mask=torch.tensor([True, bool(torch.randint(0, 2, (), generator=g))]),
+                              actions=torch.randn(HORIZON, ACTION_DIM, generator=g)) for _ in range(count)]
+        batch = make_batch(MODEL, samples)
+        batch = batch.with_rows(first_fit_decreasing(batch.token_counts(16, HORIZON), MODEL.max_token_len))
+        model(batch).loss.backward()
+    return {"report": stats.report(), "breaks_total": stats.graph_breaks_total}

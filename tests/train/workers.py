@@ -100,3 +100,46 @@ def reduced_metrics_job(rank: int, world_size: int, tokens: list[int], budgets: 
 
     return loop._reduced_metrics(torch.tensor(1.0 + rank), 0.5, 1e-3, 2.0, 0.5, tokens[rank], budgets[rank], 4,
                                  world_size, torch.device("cpu"))
+
+
+def te_train_job(rank: int, world_size: int, run_dir: str, steps: int, ac: str, recipe_name: str) -> dict[str, Any]:
+    """train_job with precision fp8 on the transformer-engine double (tests/doubles), activation checkpointing
+    `ac`: how many te.Linear forwards ran inside and outside te.autocast on this rank, and the last metrics.
+    The recipe is resolved without te (resolve refuses te without GPUs); the loop gets the te precision section."""
+    import dataclasses
+
+    from embodyhpc.config.schema import ParallelismConfig
+    from tests.helpers import use_doubles
+
+    use_doubles("transformer_engine")
+    from transformer_engine.pytorch.module import linear as te_linear
+
+    forwards = {"fp8": 0, "high_precision": 0}
+    forward = te_linear.Linear.forward
+
+    def counting_forward(self, inp, *args, **kwargs):
+        out = forward(self, inp, *args, **kwargs)
+        forwards["fp8" if self.fp8 else "high_precision"] += 1
+        return out
+
+    te_linear.Linear.forward = counting_forward
+    cfg = dataclasses.replace(recipe(world_size, steps=steps, every_steps=steps, export_final=False),
+                              parallelism=ParallelismConfig(activation_checkpointing=ac))
+    precision = PrecisionConfig(mode="fp8", fp8_backend="te", fp8_recipe=recipe_name)
+    dist_env = SimpleNamespace(rank=rank, world_size=world_size, local_rank=rank)
+    result = train(data=cfg.data, model_cfg=cfg.model, precision=precision, parallelism=cfg.parallelism,
+                   train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=run_dir,
+                   dist_env=dist_env, device="cpu")
+    return {"forwards": forwards, "last_metrics": result.last_metrics,
+            "num_layers": sum(1 for _ in _te_layer_names(cfg.model))}
+
+
+def _te_layer_names(model_cfg: ModelConfig):
+    import torch
+
+    from embodyhpc.models import build_model
+    from embodyhpc.models.fp8 import fp8_linear_filter
+
+    with torch.device("meta"):
+        model = build_model(model_cfg)
+    return [name for name, module in model.named_modules() if fp8_linear_filter(module, name)]

@@ -6,10 +6,13 @@ SigLIP's pooling head is not part of it: pi0.5 feeds every patch token to the de
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embodyhpc.models.pi05.plan import TOKEN_ALIGNMENT
 from embodyhpc.models.pi05.shapes import VisionShape
 
 
@@ -47,17 +50,30 @@ class VisionTower(nn.Module):
         self.blocks = nn.ModuleList(VisionBlock(shape) for _ in range(shape.depth))
         self.post_norm = nn.LayerNorm(shape.width, eps=1e-6)
 
+    @property
+    def image_group(self) -> int:
+        """Images are encoded in multiples of this many, so that images x patches is a multiple of TOKEN_ALIGNMENT
+        (16): float8 GEMMs need their token dimension divisible by 16 (transformer-engine by 8 or 16, torchao's
+        backward _scaled_mm by 16). 1 when the patch count is already a multiple (tiny: 16, full: 256); 4 for the
+        small size's 196 patches."""
+        return TOKEN_ALIGNMENT // math.gcd(self.shape.num_patches, TOKEN_ALIGNMENT)
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Images [M, 3, H, W] with values in [0, 1] -> patch tokens [M, num_patches, width].
 
         Images of another size are resized (bilinear) to the tower's square input, as the data pipeline may
-        deliver camera frames at their recorded resolution.
+        deliver camera frames at their recorded resolution. M is padded with blank images up to a multiple of
+        `image_group` for the blocks (their outputs are dropped; attention never mixes images).
         """
         size = self.shape.image_size
         if images.shape[-2:] != (size, size):
             images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+        num_images = images.shape[0]
+        padding = -num_images % self.image_group
+        if padding:
+            images = torch.cat([images, images.new_zeros(padding, *images.shape[1:])])
         x = self.patch_embed(images * 2.0 - 1.0)  # SigLIP takes pixels in [-1, 1]
         x = x.flatten(2).transpose(1, 2) + self.position_embedding
         for block in self.blocks:
             x = block(x)
-        return self.post_norm(x)
+        return self.post_norm(x[:num_images])

@@ -1,6 +1,7 @@
 """checkpoint as in transformer_engine/pytorch/distributed.py (v2.9): activation checkpointing whose recompute
 runs in the FP8 state of the forward (autocast re-entered with the forward's recipe), popping TE's own keyword
-arguments; `use_reentrant` defaults to True as in TE. Only the non-reentrant form is implemented here."""
+arguments; `use_reentrant` defaults to True as in TE. Only the non-reentrant form is implemented here, and, as TE's,
+it recomputes the whole function (torch's own stops early once the saved tensors are rebuilt)."""
 
 from __future__ import annotations
 
@@ -34,4 +35,6 @@ def checkpoint(function, *args, **kwargs):
 
         return forward_ctx, recompute()
 
-    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+    # TE's non-reentrant checkpoint recomputes the whole function (no early stop), as documented there
+    with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=contexts, **kwargs)

@@ -6,8 +6,8 @@ the line, so a build that reaches it fails here too."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn

@@ -73,6 +73,7 @@ class Linear(TransformerEngineBaseModule):
         if self.fp8:
             assert_dim_for_fp8_exec(inp, weight)
             self.fp8_forwards += 1
-            return F.linear(_fake_fp8(inp), _fake_fp8(weight).to(inp.dtype), None if bias is None else bias.to(inp.dtype))
+            bias = None if bias is None else bias.to(inp.dtype)
+            return F.linear(_fake_fp8(inp), _fake_fp8(weight).to(inp.dtype), bias)
         self.high_precision_forwards += 1
         return F.linear(inp, weight.to(inp.dtype), None if bias is None else bias.to(inp.dtype))
