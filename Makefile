@@ -57,6 +57,7 @@ bench: setup  ## ratios against baselines measured in the same run (bench/README
 	$(PY) bench/fsdp_vs_ddp.py
 	$(PY) bench/checkpoint_stall.py
 	$(PY) bench/pi05_attention.py
+	$(PY) bench/compile_blocks.py
 	$(PY) bench/eval_throughput.py
 
 lint: setup

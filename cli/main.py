@@ -166,6 +166,53 @@ def eval_cmd(
 
 
 @app.command()
+def smoke(
+    recipe: Annotated[str | None, typer.Argument(help="Recipe whose attention, precision and compile settings to "
+                                                    "mark in the table (and, with --submit, whose site and "
+                                                    "resources the job uses).")] = None,
+    overrides: Overrides = None,
+    site: Site = None,
+    as_json: AsJson = False,
+    submit_job: Annotated[bool, typer.Option("--submit", help="Run it as a one-node job through the site "
+                                             "profile instead of here.")] = False,
+    steps: Annotated[int, typer.Option(help="Training steps per path.")] = 20,
+    size: Annotated[str, typer.Option(help="pi0.5 size: tiny or small.")] = "tiny",
+) -> None:
+    """Train a few steps on this node through every GPU path the install offers: the first thing to run on a new
+    cluster (without a GPU: the CPU references, every GPU row skipped with its reason)."""
+    from embodyhpc.errors import RunFailure, UserError
+
+    if size not in ("tiny", "small"):
+        raise UserError(f"unknown smoke size {size!r}", key="--size", fix="use --size tiny or --size small")
+    if steps < 4:
+        raise UserError(f"--steps {steps} is too few to see the loss fall", key="--steps", fix="use --steps 4 or more")
+    loaded = _load(recipe, overrides, site) if recipe else None
+    if submit_job:
+        if loaded is None:
+            raise UserError("--submit needs a recipe (its site profile and resources shape the job)", key="--submit",
+                            fix="embodyhpc smoke RECIPE --site SITE --submit")
+        from embodyhpc import submit as submitting
+
+        info = submitting.submit_smoke(loaded, _python(loaded), steps=steps, size=size,
+                                       progress=lambda msg: typer.echo(msg, err=as_json))
+        typer.echo(f"  embodyhpc logs {info.run_dir} --job smoke -f    (the table; smoke.json when done)")
+        return
+    from embodyhpc.train.smoke import format_report, run_smoke
+
+    report = run_smoke(loaded.config if loaded else None, steps=steps, size=size,
+                       progress=lambda row: typer.echo(f"{row.path.name}: {row.status}", err=True))
+    if as_json:
+        import json
+
+        typer.echo(json.dumps({"device": report.device, "ok": report.ok,
+                               "rows": [row.as_dict() for row in report.rows]}, indent=2))
+    else:
+        typer.echo(format_report(report), nl=False)
+    if not report.ok:
+        raise RunFailure("smoke: a path that ran failed (see its row)")
+
+
+@app.command()
 def status(run_dir: RunDir, as_json: AsJson = False) -> None:
     """State of each job of a run's chain (Slurm state, reason, array progress)."""
     from embodyhpc.submit import status_report

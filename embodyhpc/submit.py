@@ -92,6 +92,30 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
     return run_chain(loaded, info, progress=progress, eval_only=eval_only)
 
 
+def submit_smoke(loaded: LoadedRecipe, python: str, *, steps: int, size: str, progress: Progress = print) -> RunInfo:
+    """`embodyhpc smoke --submit`: a run directory holding the recipe and one smoke job on one node."""
+    from embodyhpc.errors import UserError
+    from embodyhpc.launch.smoke import REQUEST_FILE
+    from embodyhpc.rundir import write_json_atomic
+    from embodyhpc.slurm import commands
+    from embodyhpc.slurm.chain import submit_smoke as submit_job
+
+    ok, why = commands.reachable()
+    if not ok:
+        raise UserError(f"no Slurm cluster reachable ({why})", key="--submit",
+                        fix="run `embodyhpc smoke` on the node itself, or submit from a login node")
+    check_environment(loaded, dict(__import__("os").environ), progress)
+    loaded = absolute_paths(loaded)
+    render_job(loaded, "smoke", Path("/nonexistent-run-dir"), python)  # a broken template fails before anything
+    job = loaded.config.job
+    run_dir = new_run_dir(job.runs_root, job.experiment, f"smoke-{job.name}")
+    info = start_run(loaded, run_dir, backend="slurm", python=python, mlflow_run_id=None)
+    write_json_atomic(run_dir / REQUEST_FILE, {"steps": steps, "size": size})
+    record = submit_job(loaded, run_dir, info)
+    progress(f"submitted smoke: job {record.job_id}; run directory: {run_dir}")
+    return info
+
+
 def start_run(loaded: LoadedRecipe, run_dir: Path, *, backend: str, python: str, mlflow_run_id: str | None,
               parent_run: Path | None = None) -> RunInfo:
     """Fill a fresh run directory: resolved.yaml, run.json, and a pin on the checkpoint it evaluates (if any), so

@@ -52,6 +52,9 @@ def resolve(config: Config) -> Resolved:
         raise ConfigError("fp8 with transformer-engine needs GPUs (resources.gpus_per_node=0)",
                           key="precision.fp8_backend", related=("precision.mode", "resources.gpus_per_node"),
                           fix="set precision.fp8_backend=torchao for CPU runs")
+    if config.parallelism.cuda_graphs and res.gpus_per_node == 0:
+        raise ConfigError("CUDA graphs need GPUs (resources.gpus_per_node=0)", key="parallelism.cuda_graphs",
+                          related=("resources.gpus_per_node",), fix="set parallelism.cuda_graphs=false for CPU runs")
     if config.staging.enabled and config.data.format == "synthetic":
         raise ConfigError("staging needs a dataset on disk, but data.format is synthetic",
                           key="staging.enabled", related=("data.format",),

@@ -190,9 +190,16 @@ class ParallelismConfig:
     ac_every_k: int = 2
     """With every_k: checkpoint every k-th block."""
     compile: bool = False
-    """torch.compile each block."""
+    """torch.compile each block (dynamic shapes: one graph per block for packed batches of any composition)."""
+    cuda_graphs: bool = False
+    """With compile on GPUs: replay each compiled block as a CUDA graph (inductor's reduce-overhead mode), which
+    removes the per-kernel launch cost. A graph is recorded per distinct input shape, so it pays off when the shapes
+    repeat (fixed token budgets, few distinct packings); check with `embodyhpc smoke` on the first GPU node."""
 
     def __post_init__(self) -> None:
+        if self.cuda_graphs and not self.compile:
+            raise ConfigError("CUDA graphs replay compiled blocks", key="parallelism.cuda_graphs",
+                              related=("parallelism.compile",), fix="set parallelism.compile=true as well")
         checks.positive("parallelism.dp_replicate", self.dp_replicate)
         if self.dp_shard != -1:
             checks.positive("parallelism.dp_shard", self.dp_shard)

@@ -68,13 +68,22 @@ def parallelize(model: nn.Module, parallel_cfg: ParallelismConfig, precision_cfg
     apply_activation_checkpointing(model, plan.ac_units, checkpoint_fn(precision_cfg))
     for name in plan.compiled_units:
         backend = compile_backend(name) if callable(compile_backend) else (compile_backend or "inductor")
-        model.get_submodule(name).compile(backend=backend)  # in place: same module, same parameter names
+        # in place: same module, same parameter names
+        model.get_submodule(name).compile(**compile_options(parallel_cfg, backend))
     apply_fsdp(model, plan, mesh, mixed_precision_policy(precision_cfg))
     for name in plan.compiled_units:  # after fully_shard: see dynamic_shapes.py
         model.get_submodule(name).register_forward_pre_hook(mark_inputs_dynamic_hook, with_kwargs=True)
     for method in _forward_methods(model):
         register_fsdp_forward_method(model, method)
     return plan
+
+
+def compile_options(parallel_cfg: ParallelismConfig, backend: str | Callable) -> dict[str, Any]:
+    """torch.compile's arguments for each compiled unit: the backend, and inductor's reduce-overhead mode (CUDA
+    graphs through cudagraph trees) with parallelism.cuda_graphs. Other backends have no modes."""
+    if parallel_cfg.cuda_graphs and backend == "inductor":
+        return {"backend": backend, "mode": "reduce-overhead"}
+    return {"backend": backend}
 
 
 def apply_fsdp(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy) -> None:

@@ -41,6 +41,8 @@ class ParallelPlan:
     """off, torchao (float8 all-gather of the fp8 layers' weights) or te."""
     unsharded_after_forward: tuple[str, ...]
     """Units FSDP keeps gathered between forward and backward (the root is always among them)."""
+    cuda_graphs: bool = False
+    """Compiled units replay as CUDA graphs (parallelism.cuda_graphs; inductor's reduce-overhead mode)."""
 
     @property
     def mode(self) -> str:
@@ -57,7 +59,8 @@ class ParallelPlan:
         """One line for the training log."""
         ac = self.ac_mode if self.ac_mode == "none" else f"{self.ac_mode} ({len(self.ac_units)} units)"
         return (f"{self.mode} dp_replicate={self.dp_replicate} dp_shard={self.dp_shard}; "
-                f"{len(self.units)} units + root; AC {ac}; compile {len(self.compiled_units)} units; "
+                f"{len(self.units)} units + root; AC {ac}; compile {len(self.compiled_units)} units"
+                f"{' as CUDA graphs' if self.cuda_graphs else ''}; "
                 f"params {self.param_dtype}, reduce {self.reduce_dtype}, fp8 {self.fp8}")
 
 
@@ -114,4 +117,5 @@ def make_plan(model: nn.Module, parallel_cfg: ParallelismConfig, precision_cfg: 
         # the last declared unit runs last in forward and first in backward: resharding it would be followed at
         # once by the same all-gather (one wasted collective per step for one unit's worth of memory)
         unsharded_after_forward=(units[-1][0], "<root>"),
+        cuda_graphs=parallel_cfg.compile and parallel_cfg.cuda_graphs,
     )

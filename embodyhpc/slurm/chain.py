@@ -76,6 +76,20 @@ def submit_chain(loaded: LoadedRecipe, run_dir: Path, info: RunInfo,
     return info
 
 
+def submit_smoke(loaded: LoadedRecipe, run_dir: Path, info: RunInfo) -> JobRecord:
+    """One smoke job (embodyhpc.launch.smoke) on one node with the training job's resources."""
+    from embodyhpc.launch.smoke import smoke_task
+
+    executor = _executor(loaded, "smoke", run_dir, info.python, [])
+    job = executor.submit(smoke_task, str(run_dir))
+    assert executor.submitted_text is not None
+    (run_dir / "scripts" / "smoke.sbatch").write_text(executor.submitted_text)
+    record = JobRecord(kind="smoke", job_id=str(job.job_id))
+    info.jobs["smoke"] = record
+    info.save()
+    return record
+
+
 def cancel_chain(info: RunInfo) -> list[str]:
     ids = [r.job_id for r in info.jobs.values() if r.job_id]
     commands.cancel(ids)

@@ -20,7 +20,8 @@ from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.errors import ConfigError
 from embodyhpc.evaluate import evaluated_checkpoint
 
-JOB_KINDS = ("train", "export", "eval", "report")
+JOB_KINDS = ("train", "export", "eval", "report", "smoke")
+SMOKE_TIME_MIN = 60  # embodyhpc smoke --submit: ~17 short trainings, inductor compiles included
 SIGNAL = "USR2"  # submitit's handler listens for it (timeout and preemption)
 
 
@@ -94,6 +95,8 @@ def job_shape(loaded: LoadedRecipe, kind: str) -> JobShape:
                         array_parallelism=min(ev.shards, ev.array_parallelism))
     if kind == "report":
         return JobShape(kind, 1, 1, 15)
+    if kind == "smoke":  # one process on one node; its FSDP row starts one rank per GPU itself
+        return JobShape(kind, 1, 1, SMOKE_TIME_MIN)
     raise ValueError(f"unknown job kind {kind!r}; expected one of {JOB_KINDS}")
 
 
@@ -126,7 +129,7 @@ def log_paths(run_dir: Path, array: bool) -> tuple[str, str]:
 def _sbatch_context(loaded: LoadedRecipe, shape: JobShape, run_dir: Path) -> dict[str, object]:
     cfg = loaded.config
     site = cfg.site
-    if shape.kind == "train":
+    if shape.kind in ("train", "smoke"):  # the smoke job checks a training node: the same request
         res = cfg.resources
         cpus, mem, gpus = res.cpus_per_task, res.mem, res.gpus_per_node
     elif shape.kind in ("eval", "export"):
@@ -140,8 +143,8 @@ def _sbatch_context(loaded: LoadedRecipe, shape: JobShape, run_dir: Path) -> dic
         "partition": site.partition,
         "account": site.account,
         "qos": site.qos,
-        "constraint": site.constraint if shape.kind == "train" else None,
-        "exclusive": site.exclusive and shape.kind == "train",
+        "constraint": site.constraint if shape.kind in ("train", "smoke") else None,
+        "exclusive": site.exclusive and shape.kind in ("train", "smoke"),
         "nodes": shape.nodes,
         "ntasks_per_node": shape.tasks_per_node,
         "cpus_per_task": cpus,
@@ -178,7 +181,7 @@ def render_job(loaded: LoadedRecipe, kind: str, run_dir: Path, python: str,
             srun_container += ["--container-workdir", container.workdir]
         srun_container += list(container.extra_args)
     env = {"EMBODYHPC_RUN_DIR": str(run_dir), "EMBODYHPC_JOB_KIND": kind, **dict(cfg.site.env)}
-    if kind == "train":
+    if kind in ("train", "smoke"):
         env.update(cfg.network.environment())
     context = {
         "sbatch": _sbatch_context(loaded, shape, run_dir),

@@ -173,11 +173,8 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
                 waited = time.perf_counter()
                 batch = stream.next_batch()
                 wait_s += time.perf_counter() - waited
-                batch = batch.to(device)
-                with fp8_autocast(precision, amax_reduction_group=amax_group):  # te: each micro-batch, own region
-                    loss = model(batch).loss
-                (loss / accum).backward()
-                loss_sum += loss.detach()
+                loss_sum += micro_batch_step(model, batch.to(device), precision, amax_group=amax_group,
+                                             loss_scale=1.0 / accum)
                 num_tokens += batch_tokens(batch, model_cfg)
                 budget_tokens += batch_token_budget(batch, model_cfg)
             grad_norm = _clip_grad_norm(model.parameters(), train_cfg.grad_clip)
@@ -269,6 +266,20 @@ def _scheduler(optimizer: torch.optim.Optimizer, train_cfg: TrainConfig,
 
 
 # ---- step helpers ----
+def micro_batch_step(model: nn.Module, batch, precision: PrecisionConfig, *, amax_group=None,
+                     loss_scale: float = 1.0, **model_kwargs) -> torch.Tensor:
+    """Forward and backward of one micro-batch; returns the detached loss (unscaled).
+
+    The forward runs in the precision's FP8 context (te.autocast for transformer-engine, one region per micro-batch:
+    delayed scaling must not see a module twice in one region); backward runs outside it, as TE requires. The
+    gradient is the loss times `loss_scale` (1 / micro-batches per step). `embodyhpc smoke` trains through this too.
+    """
+    with fp8_autocast(precision, amax_reduction_group=amax_group):
+        loss = model(batch, **model_kwargs).loss
+    (loss * loss_scale).backward()
+    return loss.detach()
+
+
 def _set_gradient_sync(model: nn.Module, enabled: bool) -> None:
     """FSDP2: skip the reduce-scatter on all but the last micro-batch (gradients accumulate unsharded until then).
     The one place that looks at the wrapper type."""

@@ -1,0 +1,34 @@
+"""The job `embodyhpc smoke --submit` runs on one node: the smoke table for that node (embodyhpc.train.smoke),
+written to <run>/smoke.json and printed to the job's log; the job fails when a row that ran failed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from embodyhpc.config.load import load_resolved
+from embodyhpc.rundir import write_json_atomic
+
+SMOKE_FILE = "smoke.json"
+REQUEST_FILE = "smoke-request.json"
+
+
+class SmokeFailed(RuntimeError):
+    """A path that ran on this node failed (the table in the log says which and why)."""
+
+
+def smoke_task(run_dir: str) -> dict:
+    from embodyhpc.train.smoke import format_report, run_smoke
+
+    folder = Path(run_dir)
+    request = json.loads((folder / REQUEST_FILE).read_text()) if (folder / REQUEST_FILE).is_file() else {}
+    report = run_smoke(load_resolved(run_dir), steps=int(request.get("steps", 20)),
+                       size=str(request.get("size", "tiny")),
+                       progress=lambda row: print(f"{row.path.name}: {row.status} {row.reason or ''}", flush=True))
+    result = {"device": report.device, "ok": report.ok, "rows": [row.as_dict() for row in report.rows]}
+    write_json_atomic(folder / SMOKE_FILE, result)
+    print(format_report(report), flush=True)
+    if not report.ok:
+        failed = [row.path.name for row in report.rows if row.status == "failed"]
+        raise SmokeFailed(f"smoke failed on {report.device}: {', '.join(failed) or 'no path ran'}")
+    return {"ok": True, "device": report.device}

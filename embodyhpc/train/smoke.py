@@ -1,0 +1,347 @@
+"""`embodyhpc smoke`: a short training on this node for every GPU path the install offers, one row each.
+
+The first thing to run on a new cluster's first GPU node: tens of steps of the tiny (or small) pi0.5 on a fixed
+packed batch, through the code training uses (build on meta, parallelize: AC / compile / FSDP2, materialize, the
+loop's micro_batch_step with its FP8 context, the FP8 GEMM counter), once per path:
+- attention backends: sdpa (the reference), flash varlen, torch varlen, flex;
+- precision: bf16, transformer-engine FP8 with each recipe (current, delayed, block), torchao FP8;
+- compile on, and compile with CUDA graphs;
+- FSDP2 over all of this node's GPUs.
+A row says ran (passed or failed) or skipped and why (no GPU, a library missing or too old, a recipe the GPU
+cannot run), the loss at the first and last step (the same batch, noise and flow times every step: it must fall),
+tokens/s (median step after the first 3, which include compilation), peak memory and FP8 GEMMs per step.
+Without a GPU the CPU references run (sdpa and the CPU varlen kernel, fp32 and bf16, torchao FP8, compile with the
+aot_eager backend: inductor's CPU build takes minutes here) and every GPU row is skipped with its reason.
+
+Each row runs in a process of its own (`python -m embodyhpc.train.smoke ROW_JSON`), so a kernel that crashes or
+hangs fails its row only; the FSDP row starts one process per GPU inside that process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+ROW_TIMEOUT_S = 900
+TE_RECIPES = ("current", "delayed", "block")
+
+
+@dataclass(frozen=True)
+class SmokePath:
+    name: str
+    device: str = "cuda"
+    attention: str = "auto"
+    precision: str = "bf16"
+    fp8_backend: str = "torchao"
+    fp8_recipe: str = "current"
+    compile: bool = False
+    cuda_graphs: bool = False
+    ranks: int = 1
+
+
+@dataclass
+class SmokeRow:
+    path: SmokePath
+    status: str  # passed, failed, skipped
+    reason: str | None = None
+    first_loss: float | None = None
+    last_loss: float | None = None
+    tokens_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    fp8_gemms: float | None = None
+    seconds: float | None = None
+    recipe: bool = False
+    """The row matches the recipe's own attention, precision and compile settings."""
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "path": asdict(self.path)}
+
+
+@dataclass
+class SmokeReport:
+    rows: list[SmokeRow] = field(default_factory=list)
+    device: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return all(row.status != "failed" for row in self.rows) and any(row.status == "passed" for row in self.rows)
+
+
+def gpu_paths(num_gpus: int) -> list[SmokePath]:
+    paths = [SmokePath(f"attention {name}", attention=name) for name in
+             ("sdpa_reference", "flash_varlen", "torch_varlen", "flex")]
+    paths.append(SmokePath("bf16"))
+    paths += [SmokePath(f"te fp8 {recipe}", precision="fp8", fp8_backend="te", fp8_recipe=recipe)
+              for recipe in TE_RECIPES]
+    paths.append(SmokePath("torchao fp8", precision="fp8"))
+    paths += [SmokePath("compile", compile=True), SmokePath("compile + cuda graphs", compile=True, cuda_graphs=True),
+              SmokePath(f"fsdp2 x{max(num_gpus, 2)} gpus", ranks=max(num_gpus, 2))]
+    return paths
+
+
+CPU_PATHS = (
+    SmokePath("cpu sdpa_reference fp32", device="cpu", attention="sdpa_reference", precision="fp32"),
+    SmokePath("cpu sdpa_segments fp32", device="cpu", attention="sdpa_segments", precision="fp32"),
+    SmokePath("cpu bf16", device="cpu", precision="bf16"),
+    SmokePath("cpu torchao fp8", device="cpu", precision="fp8"),
+    SmokePath("cpu compile (aot_eager)", device="cpu", precision="fp32", compile=True),
+)
+
+
+def skip_reason(path: SmokePath, *, num_gpus: int) -> str | None:
+    """Why this path cannot run on this node with this install (every reason, '; '-joined); None if it can."""
+    import torch
+
+    reasons = []
+    if path.device == "cuda" and num_gpus == 0:
+        reasons.append("no CUDA device (torch.cuda.is_available() is False)")
+    elif path.ranks > max(num_gpus, 1):
+        reasons.append(f"needs {path.ranks} GPUs, this node has {num_gpus}")
+    if path.attention != "auto":
+        from embodyhpc.models.attention import backend_unavailable_reason
+
+        dtype = torch.float32 if path.precision == "fp32" else torch.bfloat16
+        reason = backend_unavailable_reason(path.attention, "cuda" if path.device == "cuda" else "cpu", dtype)
+        if reason and not (num_gpus == 0 and "CUDA kernels only" in reason):
+            reasons.append(reason)
+    if path.precision == "fp8" and path.fp8_backend == "te":
+        reasons.append(_te_reason(path.fp8_recipe, check_device=num_gpus > 0))
+    elif path.precision == "fp8":
+        try:
+            import torchao.float8  # noqa: F401
+        except ImportError:
+            reasons.append("torchao is not installed (pip install 'embodyhpc[fp8]')")
+    reasons = [reason for reason in reasons if reason]
+    return "; ".join(reasons) or None
+
+
+def _te_reason(recipe: str, *, check_device: bool) -> str | None:
+    """Why transformer-engine cannot run `recipe` here: not installed, too old, or (on a GPU node) the GPU or CUDA
+    lacks the recipe (te.is_fp8_available / is_fp8_block_scaling_available)."""
+    from embodyhpc.errors import ConfigError
+    from embodyhpc.models.fp8 import _import_te
+
+    try:
+        te = _import_te()
+    except ConfigError as exc:
+        return exc.message
+    if not check_device:
+        return None
+    check = te.is_fp8_block_scaling_available if recipe == "block" else te.is_fp8_available
+    available, reason = check(return_reason=True)
+    return None if available else f"transformer-engine: {reason}"
+
+
+def plan_rows(recipe_cfg=None) -> tuple[list[tuple[SmokePath, str | None]], str]:
+    """(path, skip reason) for every row, and a description of this node's device."""
+    import torch
+
+    num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    paths = gpu_paths(num_gpus) if num_gpus else [*CPU_PATHS, *gpu_paths(0)]
+    device = torch.cuda.get_device_name(0) + f" x{num_gpus}" if num_gpus else "CPU only"
+    return [(path, skip_reason(path, num_gpus=num_gpus)) for path in paths], device
+
+
+def matches_recipe(path: SmokePath, recipe_cfg) -> bool:
+    if recipe_cfg is None:
+        return False
+    model, precision, parallel = recipe_cfg.model, recipe_cfg.precision, recipe_cfg.parallelism
+    same_precision = path.precision == precision.mode and (
+        precision.mode != "fp8" or (path.fp8_backend, path.fp8_recipe) == (precision.fp8_backend, precision.fp8_recipe))
+    return (same_precision and path.attention in ("auto", model.attention_backend) and path.ranks == 1
+            and path.compile == parallel.compile and path.cuda_graphs == parallel.cuda_graphs)
+
+
+def run_smoke(recipe_cfg=None, *, steps: int = 20, size: str = "tiny",
+              progress=lambda row: None) -> SmokeReport:
+    """Every row, each in its own process (see the module doc)."""
+    rows, device = plan_rows(recipe_cfg)
+    report = SmokeReport(device=device)
+    for path, reason in rows:
+        row = SmokeRow(path, "skipped", reason) if reason else _run_in_process(path, steps, size)
+        row.recipe = matches_recipe(path, recipe_cfg)
+        report.rows.append(row)
+        progress(row)
+    return report
+
+
+def _run_in_process(path: SmokePath, steps: int, size: str) -> SmokeRow:
+    started = time.monotonic()
+    spec = json.dumps({"path": asdict(path), "steps": steps, "size": size})
+    try:
+        proc = subprocess.run([sys.executable, "-m", "embodyhpc.train.smoke", spec], capture_output=True, text=True,
+                              timeout=ROW_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": os.environ.get(
+                                  "OMP_NUM_THREADS", "1")})
+    except subprocess.TimeoutExpired:
+        return SmokeRow(path, "failed", f"timed out after {ROW_TIMEOUT_S} s", seconds=time.monotonic() - started)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return SmokeRow(path, "failed", f"exit {proc.returncode}: {tail[:300]}", seconds=time.monotonic() - started)
+    result = json.loads(lines[-1])
+    row = SmokeRow(path, **{k: v for k, v in result.items() if k in SmokeRow.__dataclass_fields__ and k != "path"})
+    row.seconds = time.monotonic() - started
+    return row
+
+
+# ---- one row, in its own process ----
+def run_row(path: SmokePath, steps: int, size: str) -> dict:
+    """Train `steps` steps on this row's path; world size path.ranks (spawned ranks when > 1)."""
+    if path.ranks == 1:
+        return _rank_main(0, path, steps, size, None)
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as folder:
+        mp.start_processes(_rank_entry, args=(path, steps, size, folder), nprocs=path.ranks, start_method="spawn")
+        return json.loads((Path(folder) / "rank0.json").read_text())
+
+
+def _rank_entry(rank: int, path: SmokePath, steps: int, size: str, folder: str) -> None:
+    result = _rank_main(rank, path, steps, size, folder)
+    if rank == 0:
+        (Path(folder) / "rank0.json").write_text(json.dumps(result))
+
+
+def _rank_main(rank: int, path: SmokePath, steps: int, size: str, folder: str | None) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", rank) if path.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    with tempfile.TemporaryDirectory() as scratch:
+        store = f"file://{folder or scratch}/rendezvous"
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=store, rank=rank,
+                                world_size=path.ranks)
+        try:
+            return _train(path, steps, size, device)
+        finally:
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+def _train(path: SmokePath, steps: int, size: str, device) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from embodyhpc.config.schema import ModelConfig, ParallelismConfig, PrecisionConfig
+    from embodyhpc.models import build_model
+    from embodyhpc.models.fp8 import FP8GemmCounter
+    from embodyhpc.parallel import build_mesh, materialize, parallelize
+    from embodyhpc.train.loop import micro_batch_step
+
+    model_cfg = ModelConfig(size=size, action_horizon=8, action_dim=8, attention_backend=path.attention,
+                            max_token_len=_budget(size))
+    precision = PrecisionConfig(mode=path.precision, fp8_backend=path.fp8_backend, fp8_recipe=path.fp8_recipe)
+    parallel = ParallelismConfig(compile=path.compile, cuda_graphs=path.cuda_graphs)
+    with torch.device("meta"):
+        model = build_model(model_cfg, precision)
+    backend = "aot_eager" if path.compile and device.type == "cpu" else None
+    parallelize(model, parallel, precision, build_mesh(1, dist.get_world_size(), device.type),
+                compile_backend=backend)
+    materialize(model, device, seed=0)
+    counter = FP8GemmCounter(model, device)
+    batch, noise, flow_time, tokens = _fixed_batch(model_cfg, dist.get_rank())
+    batch, noise, flow_time = batch.to(device), noise.to(device), flow_time.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    amax_group = dist.group.WORLD if dist.get_world_size() > 1 else None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    losses, times = [], []
+    for _ in range(steps):
+        started = time.perf_counter()
+        loss = micro_batch_step(model, batch, precision, amax_group=amax_group, noise=noise, time=flow_time)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss))  # a sync: the step's time includes its GPU work
+        times.append(time.perf_counter() - started)
+    fp8, fell_back = counter.take()
+    step_s = statistics.median(times[3:] or times)
+    first, last = losses[0], statistics.mean(losses[-3:])
+    passed = last < first and all(v == v and abs(v) != float("inf") for v in losses) and fell_back == 0
+    return {"status": "passed" if passed else "failed",
+            "reason": None if passed else _why(first, last, fell_back),
+            "first_loss": first, "last_loss": last, "tokens_per_s": tokens * dist.get_world_size() / step_s,
+            "peak_memory_bytes": _peak_memory(device), "fp8_gemms": fp8 / steps if counter.num_layers else None}
+
+
+def _why(first: float, last: float, fell_back: int) -> str:
+    if fell_back:
+        return f"{fell_back} GEMMs of fp8 layers ran in high precision (outside te.autocast)"
+    return f"the loss did not fall ({first:.4f} -> {last:.4f})"
+
+
+def _budget(size: str) -> int:
+    return 256 if size == "tiny" else 1024
+
+
+def _fixed_batch(model_cfg, rank: int):
+    """A packed batch of 4 samples (1-2 cameras, prompts of different lengths), its noise and flow times, and the
+    tokens it puts through the model: the same every step, so the loss must fall."""
+    import torch
+
+    from embodyhpc.data.packing import first_fit_decreasing
+    from embodyhpc.models import build_tokenizer
+    from embodyhpc.models.pi05 import Pi05Sample, collate, max_prompt_tokens, shape_for
+
+    shape = shape_for(model_cfg.size)
+    size = shape.vision.image_size
+    g = torch.Generator().manual_seed(100 + rank)
+    words = "pick up the red block and place it in the blue bowl on the left".split()
+    samples = [Pi05Sample(images=torch.rand(2, 3, size, size, generator=g), instruction=" ".join(words[:3 + 3 * i]),
+                          state=torch.rand(6, generator=g) * 2 - 1, image_mask=torch.tensor([True, i % 2 == 0]),
+                          actions=torch.randn(model_cfg.action_horizon, model_cfg.action_dim, generator=g))
+               for i in range(4)]
+    batch = collate(samples, build_tokenizer(model_cfg), max_prompt_tokens=max_prompt_tokens(model_cfg, 2))
+    counts = batch.token_counts(shape.vision.num_patches, model_cfg.action_horizon)
+    batch = batch.with_rows(first_fit_decreasing(counts, model_cfg.max_token_len))
+    noise = torch.randn(4, model_cfg.action_horizon, model_cfg.action_dim, generator=g)
+    return batch, noise, torch.rand(4, generator=g) * 0.8 + 0.1, sum(counts)
+
+
+def _peak_memory(device) -> int:
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # process peak RSS (Linux: KiB)
+
+
+def format_report(report: SmokeReport) -> str:
+    """The table `embodyhpc smoke` prints."""
+    lines = [f"embodyhpc smoke on {report.device}",
+             f"{'path':<28} {'result':<8} {'loss first -> last':<20} {'tokens/s':>10} {'peak mem':>10} "
+             f"{'fp8 GEMMs':>9}  note"]
+    for row in report.rows:
+        loss = f"{row.first_loss:.4f} -> {row.last_loss:.4f}" if row.first_loss is not None else "-"
+        tokens = f"{row.tokens_per_s:,.0f}" if row.tokens_per_s else "-"
+        memory = f"{row.peak_memory_bytes / 2**20:,.0f} MiB" if row.peak_memory_bytes else "-"
+        gemms = f"{row.fp8_gemms:.0f}" if row.fp8_gemms is not None else "-"
+        note = (row.reason or "") + (" [the recipe's path]" if row.recipe else "")
+        lines.append(f"{row.path.name:<28} {row.status:<8} {loss:<20} {tokens:>10} {memory:>10} {gemms:>9}  {note}")
+    ran = [row for row in report.rows if row.status != "skipped"]
+    failed = [row for row in ran if row.status == "failed"]
+    lines.append(f"{len(ran)} ran, {len(ran) - len(failed)} passed, {len(failed)} failed, "
+                 f"{len(report.rows) - len(ran)} skipped")
+    return "\n".join(lines) + "\n"
+
+
+def _main(argv: list[str]) -> int:
+    spec = json.loads(argv[0])
+    path = replace(SmokePath(name=""), **spec["path"])
+    result = run_row(path, spec["steps"], spec["size"])
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
