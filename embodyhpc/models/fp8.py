@@ -13,8 +13,14 @@ Backends:
   is on, so parallel/ all-gathers the fp8 weights (and may call
   torchao.float8.precompute_float8_dynamic_scale_for_fsdp after each optimizer step). Runs on CPU too (tests).
   torchao has no delayed or 128x128 block scaling for training; those recipes need te.
-- te: nn.Linear -> transformer_engine.pytorch.Linear (GPU only), and the forward must run inside
-  `fp8_autocast(precision_cfg)` (te.autocast with the recipe: current, delayed or block scaling).
+- te: nn.Linear -> transformer_engine.pytorch.Linear (GPU only; 2.9-2.18, checked at import). A te.Linear runs in
+  FP8 only inside te.autocast: the training loop runs every micro-batch's forward in `fp8_autocast(precision_cfg)`
+  (the recipe: current, delayed or block scaling), and activation checkpointing recomputes through TE's own
+  checkpoint (`checkpoint_fn`), which re-enters that context. Meta-device builds stay on meta (the device goes to TE
+  as a string) and are filled by the model's init rules like every other layer.
+Each step logs `fp8_gemms` (forward GEMMs that ran in float8, FP8GemmCounter) and `fp8_gemms_fell_back` (te
+layers that ran outside autocast), so a run shows whether FP8 is on. Tested on CPU through the transformer-engine
+double in tests/doubles.
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ def test_compiled_blocks_train_like_eager() -> None:
     assert compiled["losses"] == pytest.approx(eager["losses"], rel=0, abs=1e-5)  # inductor fuses, sums differ
 
 
-MAX_RECOMPILES = 3  # issue 14's goal over 50 batches; measured: 0 (bench/compile_blocks.py)
+# issue 14's goal is <= 3 recompiles over 50 batches (bench/compile_blocks.py measures 0); over these 8 batches one
+# at most: without the dynamic-size marks of parallel/dynamic_shapes.py the joint layers recompiled 2-3 times here
+MAX_RECOMPILES = 1
 
 
 @pytest.mark.parametrize("ac", ["none", "full"])

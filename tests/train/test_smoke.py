@@ -95,3 +95,12 @@ def test_smoke_refuses_bad_options(cli) -> None:
     for args, key in ((("--size", "full"), "--size"), (("--steps", "2"), "--steps"), (("--submit",), "--submit")):
         result = cli("smoke", *args)
         assert result.code == 2 and key in result.err, result.err
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_smoke_on_a_gpu_node_passes_every_row_that_runs(cli) -> None:
+    result = cli("smoke", "--steps", "10", "--json")
+    report = json.loads(result.out)
+    assert result.code == 0 and report["ok"], [r for r in report["rows"] if r["status"] == "failed"]
+    assert any(row["status"] == "passed" and row["path"]["device"] == "cuda" for row in report["rows"])
