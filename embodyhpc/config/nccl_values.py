@@ -100,6 +100,9 @@ PAIRS: tuple[tuple[str, str, str, Callable[[int, int], bool]], ...] = (
     ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "the minimum is at most the maximum", lambda lo, hi: lo <= hi),
 )
 
+# The two names of the flight recorder's size (torch renamed it in 2.8): a job exports one of them.
+FLIGHT_RECORDER_NAMES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
 
 def _integer(text: str) -> int | None:
     return int(text) if _DECIMAL.fullmatch(text) else None
@@ -132,6 +135,11 @@ def check_environment(env: Mapping[str, str], key_of: Callable[[str], str]) -> N
     """Every variable of `env` this module knows, then the pairs; `key_of(name)` is the recipe key that set it."""
     for name, value in env.items():
         check_value(name, value, key_of(name))
+    both = [name for name in FLIGHT_RECORDER_NAMES if name in env]
+    if len(both) == 2:
+        raise ConfigError(f"both {both[0]} and {both[1]} are set (the flight recorder's size under its new and "
+                          "old name)", key=key_of(both[1]), related=(key_of(both[0]),),
+                          fix="set one of them: the job exports it under the name its torch reads")
     for first, second, rule, fine in PAIRS:
         if first in env and second in env and not fine(int(env[first]), int(env[second])):
             raise ConfigError(f"{first}={env[first]} and {second}={env[second]} do not fit together: {rule}",

@@ -57,8 +57,10 @@ class NetworkConfig:
     async_error_handling: bool = True
     """TORCH_NCCL_ASYNC_ERROR_HANDLING=1: a failed collective aborts the job instead of hanging."""
     dump_on_timeout: bool = True
-    """TORCH_NCCL_DUMP_ON_TIMEOUT (+ flight recorder entries): who was stuck where when a collective
-    timed out."""
+    """TORCH_NCCL_DUMP_ON_TIMEOUT: who was stuck where when a collective timed out. The flight recorder's size
+    is not exported here: torch 2.8 renamed its variable and warns on every rank about the old name, and only the
+    job knows the nodes' torch, so the job sets it (embodyhpc.launch.distributed.set_flight_recorder_size). A size
+    set in extra_env or site.env under either name is kept, under the name that torch reads."""
     heartbeat_timeout_s: int = 600
     """TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: watchdog kills a hung process group after this long."""
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -120,9 +122,8 @@ class NetworkConfig:
             env["NCCL_NVLS_ENABLE"] = "1" if self.nvls else "0"
         env["NCCL_DEBUG"] = self.nccl_debug
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1" if self.async_error_handling else "0"
-        if self.dump_on_timeout:
+        if self.dump_on_timeout:  # the flight recorder's size: set in the job, under its torch's name
             env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
-            env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
         env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] = str(self.heartbeat_timeout_s)
         env.update({k: str(v) for k, v in self.extra_env.items()})
         return env

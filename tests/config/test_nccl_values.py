@@ -107,7 +107,8 @@ GOOD = [("NCCL_IB_RETRY_CNT", "0"), ("NCCL_IB_RETRY_CNT", "7"), ("NCCL_IB_TIMEOU
         ("NCCL_BUFFSIZE", "2147483647"), ("NCCL_SOCKET_NTHREADS", "16"), ("NCCL_NSOCKS_PERTHREAD", "4"),
         ("NCCL_P2P_LEVEL", "NVL"), ("NCCL_P2P_LEVEL", "SYS"), ("NCCL_P2P_LEVEL", "0"), ("NCCL_P2P_LEVEL", "5"),
         ("NCCL_NET_GDR_LEVEL", "PHB"), ("NCCL_NET_GDR_LEVEL", "3"), ("NCCL_CROSS_NIC", "2"),
-        ("NCCL_IB_DISABLE", "1"), ("TORCH_NCCL_TRACE_BUFFER_SIZE", "0"), ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"),
+        ("NCCL_IB_DISABLE", "1"), ("TORCH_FR_BUFFER_SIZE", "0"), ("TORCH_NCCL_TRACE_BUFFER_SIZE", "0"),
+        ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"),
         ("NCCL_ALGO", "Ring"), ("NCCL_IB_HCA", "=mlx5_0:1")]  # not numeric: exported as they are
 
 
@@ -190,6 +191,7 @@ PAIRS = [
     ({"NCCL_SOCKET_NTHREADS": "8", "NCCL_NSOCKS_PERTHREAD": "9"}, "at most 64 sockets"),
     ({"NCCL_MIN_NCHANNELS": "32", "NCCL_MAX_NCHANNELS": "16"}, "minimum is at most the maximum"),
     ({"NCCL_MIN_CTAS": "8", "NCCL_MAX_CTAS": "4"}, "minimum is at most the maximum"),
+    ({"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}, "set one of them"),
 ]
 
 
