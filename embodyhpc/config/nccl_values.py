@@ -4,10 +4,10 @@ NCCL almost never refuses a value. It reads its integers with strtoll(value, NUL
 as 8 (octal) and "true" as 0; it then clamps an out-of-range value, falls back to its default, or passes it to
 the driver, which masks it: NCCL_IB_RETRY_CNT=10 does not fit the 3-bit retry field of an InfiniBand queue pair
 and becomes 10 & 7 = 2 retries, fewer than the default 7. A job with such a value runs, differently from what its
-profile says. Every value is therefore checked here: a plain decimal integer (no sign, no leading zero, no unit)
+profile says. Every value is therefore checked here: a plain decimal integer (no plus sign, no leading zero, no unit)
 within the range the ACCEPTED table gives, or for the topology levels one of NCCL's names.
 
-Ranges from NCCL 2.2x-2.28 (src/transport/net_ib, net_socket.cc, graph/tuning.cc, init.cc) and the NCCL
+Ranges read in NCCL 2.30 (src/transport/net_ib, net_socket.cc, graph/tuning.cc, init.cc) and the NCCL
 environment-variable documentation. A variable not listed here is exported as it is.
 """
 
