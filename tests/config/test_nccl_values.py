@@ -112,8 +112,7 @@ GOOD = [("NCCL_IB_RETRY_CNT", "0"), ("NCCL_IB_RETRY_CNT", "7"), ("NCCL_IB_TIMEOU
         ("NCCL_ALGO", "Ring"), ("NCCL_IB_HCA", "=mlx5_0:1")]  # not numeric: exported as they are
 
 
-def test_the_hostile_list_is_long_and_covers_the_table():
-    assert len(HOSTILE) == 72
+def test_every_variable_of_the_table_has_hostile_cases():
     covered = {name for name, _, _ in HOSTILE}
     assert set(nccl_values.ACCEPTED) - covered <= {"NCCL_IB_ADAPTIVE_ROUTING", "NCCL_IB_SPLIT_DATA_ON_QPS",
                                                    "NCCL_IB_MERGE_NICS", "NCCL_SHM_DISABLE", "NCCL_LL128_BUFFSIZE"}
