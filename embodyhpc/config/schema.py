@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from embodyhpc.config import checks
+from embodyhpc.config import checks, nccl_values
 from embodyhpc.config.network import NetworkConfig
 from embodyhpc.errors import ConfigError
 
@@ -390,6 +390,7 @@ class SiteConfig:
     def __post_init__(self) -> None:
         checks.choice("site.gpu_request", self.gpu_request, ("gpus-per-node", "gres", "none"))
         checks.env_names("site.env", dict(self.env))
+        nccl_values.check_environment(dict(self.env), lambda name: f"site.env.{name}")
         checks.sbatch_options("site.extra_sbatch", dict(self.extra_sbatch))
 
 
