@@ -4,11 +4,14 @@ branches make (and the torch code they go through) is answered by this object, w
 It follows the API of torch 2.13.0 as installed, read from its source:
 - torch/cuda/__init__.py: is_available(), device_count(), current_device(), is_initialized(), set_device(device)
   (the device index comes from torch.cuda._utils._get_device_index, used here as is: a bare "cuda" raises);
+- torch/cuda/__init__.py also: current_stream(device=None) and stream(stream), what DCP's FileSystemWriter uses
+  when CUDA is available (torch/distributed/checkpoint/filesystem.py, _OverlappingCpuLoader);
 - torch/cuda/random.py: get_rng_state(device="cuda") / set_rng_state(state, device="cuda") act on the current
   device when the device has no index, the *_all variants loop over device_count(); manual_seed_all seeds each;
 - torch/accelerator/__init__.py: is_available(), current_accelerator(check_available=False), current_device_index(),
-  set_device_index(device), synchronize(device=None): what the DataLoader (pin-memory thread) and DCP's
-  DefaultStager call;
+  set_device_index(device), synchronize(device=None), current_stream(device=None): what the DataLoader
+  (pin-memory thread), DCP's DefaultStager and the optimizers' graph-capture check (torch/optim/optimizer.py:
+  `current_stream().is_capturing()`) call;
 - Tensor.pin_memory() / Tensor.is_pinned(): torch/utils/data/_utils/pin_memory.py calls `data.pin_memory()` with no
   argument; the double returns a copy (a new tensor, as the real one does) and remembers it as pinned;
 - torch/cuda/_pin_memory_utils.py: pin_memory(data_ptr, size) / unpin_memory(data_ptr) (cudaHostRegister), what
@@ -20,6 +23,7 @@ pinned memory is ordinary memory. Tests use the `fake_cuda` fixture (tests/conft
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -47,6 +51,8 @@ class FakeCuda:
         self.host_registered: dict[int, int] = {}
         """data_ptr -> bytes, for memory pinned in place (cudaHostRegister) and not yet unpinned."""
         self.num_host_registrations = 0
+        self.stream = _Stream(self.events)
+        """The one stream of every device (torch's current stream, as nothing here makes others)."""
 
         cuda = torch.cuda
         for name, fn in (("is_available", lambda: True), ("device_count", lambda: self.num_devices),
@@ -54,14 +60,17 @@ class FakeCuda:
                          ("set_device", self.set_device), ("get_rng_state", self.get_rng_state),
                          ("set_rng_state", self.set_rng_state), ("get_rng_state_all", self.get_rng_state_all),
                          ("set_rng_state_all", self.set_rng_state_all), ("manual_seed_all", self.manual_seed_all),
-                         ("manual_seed", lambda seed: self._seed(self.current, seed))):
+                         ("manual_seed", lambda seed: self._seed(self.current, seed)),
+                         ("current_stream", lambda device=None: self.stream),
+                         ("stream", lambda stream: contextlib.nullcontext(stream))):
             monkeypatch.setattr(cuda, name, fn)
         accelerator = torch.accelerator
         for name, fn in (("is_available", lambda: True),
                          ("current_accelerator", lambda check_available=False: torch.device("cuda")),
                          ("current_device_index", lambda: self.current),
                          ("set_device_index", self.set_device_index),
-                         ("synchronize", lambda device=None: self.events.append(("synchronize",)))):
+                         ("synchronize", lambda device=None: self.events.append(("synchronize",))),
+                         ("current_stream", lambda device=None: self.stream)):
             monkeypatch.setattr(accelerator, name, fn)
         # functions (not bound methods), so that they bind to the tensor as Tensor's own methods do
         monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor, device=None: self._pin(tensor))
@@ -149,3 +158,19 @@ class FakeCuda:
         """Whether the tensor's bytes lie in memory pinned in place."""
         start = tensor.untyped_storage().data_ptr()
         return any(ptr <= start < ptr + size for ptr, size in self.host_registered.items())
+
+
+class _Stream:
+    """What torch.cuda / torch.accelerator.current_stream() return, as far as torch's callers here use it."""
+
+    def __init__(self, events: list[tuple[Any, ...]]) -> None:
+        self._events = events
+
+    def is_capturing(self) -> bool:
+        return False  # no CUDA graph is being captured
+
+    def synchronize(self) -> None:
+        self._events.append(("stream.synchronize",))
+
+    def wait_stream(self, other: _Stream) -> None:
+        self._events.append(("stream.wait_stream",))

@@ -136,7 +136,8 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
         collate_fn=Pi05Collate(model_cfg, build_tokenizer(model_cfg), normalizer))
     stream = BatchStream(loader, sampler)
 
-    ckpt = Checkpointer(run_dir / CHECKPOINT_DIR, checkpoint, seed=train_cfg.seed, on_complete=on_checkpoint)
+    ckpt = Checkpointer(run_dir / CHECKPOINT_DIR, checkpoint, seed=train_cfg.seed, device=device,
+                        on_complete=on_checkpoint)
     if is_rank0:  # beside the checkpoints: how to feed the policy, for exports of any step (final or not)
         write_policy_io(run_dir / CHECKPOINT_DIR, data.root, model_cfg, normalizer)
     loaded = ckpt.load_latest(model, optimizer)
