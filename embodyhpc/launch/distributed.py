@@ -13,6 +13,10 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where it is used, as in the rest of the launcher (no torch at import)
+    import torch
 
 PORT_BASE = 20000
 PORT_SPAN = 20000
@@ -57,7 +61,7 @@ def from_job_environment() -> DistEnv:
     )
 
 
-def rank_device(device, local_rank: int):
+def rank_device(device: torch.device | str, local_rank: int) -> torch.device:
     """This rank's torch.device, made current: a bare "cuda" becomes the GPU of its local rank (one GPU per local
     rank), or the only GPU when the job shows each task just its own (Slurm's per-task GPU binding).
 
@@ -91,7 +95,7 @@ def export_rank_env(dist_env: DistEnv) -> None:
 
 @contextlib.contextmanager
 def process_group(dist_env: DistEnv, backend: str = "gloo", timeout_s: float = 300.0,
-                  device: str = "cpu") -> Iterator[object]:
+                  device: torch.device | str = "cpu") -> Iterator[torch.device]:
     """init_process_group over TCP from DistEnv; barrier before teardown (see FACTS: gloo at exit).
 
     Yields this rank's device (rank_device): on a GPU it is current before the group exists and the group is bound
