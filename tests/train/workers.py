@@ -184,6 +184,6 @@ def cpu_group_under_nccl_job(rank: int, world_size: int) -> dict[str, Any]:
         dist.all_reduce, dist.all_gather = real_all_reduce, real_all_gather
     return {"new_groups": [{k: v for k, v in call.items() if k != "timeout"} for call in new_groups],
             "side_backend": real_get_backend(side), "side_ranks": dist.get_process_group_ranks(side),
-            "agreed": agreed, "agreement_on_side_group": [name for name, group in used if group is side],
+            "agreed": agreed,
             "collectives": [(name, "side" if group is side else "gloo" if group is not None else "default")
                             for name, group in used], "num_hostnames": len(hostnames)}
