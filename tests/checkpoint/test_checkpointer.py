@@ -285,6 +285,11 @@ def test_the_cuda_rng_stream_of_the_ranks_gpu_round_trips_through_a_checkpoint(t
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
+def test_a_rank_that_never_initialised_cuda_captures_no_cuda_stream(fake_cuda):
+    cuda = fake_cuda(2, initialized=False)  # a CPU run on a GPU node: capturing must not initialise CUDA for it
+    assert "cuda" not in rng.capture_rng_state() and not cuda.initialized
+
+
 def _save_step_1(root) -> torch.Tensor:
     """Save step 1; returns the CPU stream's next draws after the save (what a resume must draw again)."""
     model, optimizer = _model_and_optimizer()
