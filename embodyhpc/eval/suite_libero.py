@@ -83,11 +83,13 @@ def upright(image: np.ndarray) -> np.ndarray:
 
 
 def egl_device(environ: Mapping[str, str]) -> str | None:
-    """The EGL device index for MuJoCo on a GPU node: the first GPU Slurm gave the task, by its physical index.
+    """The EGL device index to export as MUJOCO_EGL_DEVICE_ID, or None to leave the choice to MuJoCo.
 
-    EGL lists every GPU of the node in physical order, whatever CUDA_VISIBLE_DEVICES says (which Slurm renumbers
-    from 0 under ConstrainDevices), so the physical index comes from SLURM_STEP_GPUS / SLURM_JOB_GPUS, else from a
-    numeric CUDA_VISIBLE_DEVICES. None: no GPU was given (CPU rendering), or MUJOCO_EGL_DEVICE_ID is already set.
+    On a GPU node: the first GPU Slurm gave the task, by its physical index. EGL lists every GPU of the node in
+    physical order, whatever CUDA_VISIBLE_DEVICES says (Slurm renumbers that from 0 under ConstrainDevices), so the
+    index comes from SLURM_STEP_GPUS / SLURM_JOB_GPUS, else from a numeric CUDA_VISIBLE_DEVICES. A CUDA_VISIBLE_DEVICES
+    without indices (empty in CPU jobs, or GPU UUIDs) would crash robosuite's EGL set-up, which parses it: device 0
+    (Mesa's software device on CPU nodes). A MUJOCO_EGL_DEVICE_ID the user set stays.
     """
     if environ.get("MUJOCO_EGL_DEVICE_ID"):
         return None
@@ -95,7 +97,7 @@ def egl_device(environ: Mapping[str, str]) -> str | None:
         first = environ.get(name, "").split(",")[0].strip()
         if first.isdigit():
             return first
-    return None
+    return "0" if "CUDA_VISIBLE_DEVICES" in environ else None
 
 
 def _libero() -> tuple[Any, Callable[[str], str], Any]:

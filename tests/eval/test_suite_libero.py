@@ -59,12 +59,28 @@ def test_images_turn_180_degrees() -> None:
     ({"CUDA_VISIBLE_DEVICES": "0", "SLURM_STEP_GPUS": "5"}, "5"),  # Slurm renumbers CUDA ids; EGL lists physical
     ({"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_GPUS": "2,3"}, "2"),
     ({"CUDA_VISIBLE_DEVICES": "3"}, "3"),
-    ({"CUDA_VISIBLE_DEVICES": "GPU-8f2c1e"}, None),  # a UUID: no index to give EGL
-    ({"CUDA_VISIBLE_DEVICES": ""}, None),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-8f2c1e"}, "0"),  # robosuite would fail to parse a UUID
+    ({"CUDA_VISIBLE_DEVICES": ""}, "0"),  # CPU jobs: robosuite would fail to parse ""
     ({"MUJOCO_EGL_DEVICE_ID": "1", "SLURM_STEP_GPUS": "5"}, None),  # the user's own choice stays
 ])
 def test_the_egl_device_is_the_gpu_slurm_gave_the_task(environ, device) -> None:
     assert egl_device(environ) == device
+
+
+@pytest.mark.slow
+def test_a_cpu_job_with_an_empty_cuda_visible_devices_renders(monkeypatch) -> None:
+    """Our CPU jobs export CUDA_VISIBLE_DEVICES="" (no GPU); robosuite 1.4.0's EGL set-up parses that variable."""
+    import subprocess
+    import sys
+
+    code = ("from embodyhpc.eval.suites import make_suite\n"
+            "with make_suite('libero', ['libero_spatial/0'], cameras=('image',), image_size=16,"
+            " render_quality='fast') as s:\n"
+            "    print(s.make_env('libero_spatial/0', 0, 0).reset()['observation.images.image'].shape)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "MUJOCO_EGL_DEVICE_ID"}
+    result = subprocess.run([sys.executable, "-c", code], env={**env, "CUDA_VISIBLE_DEVICES": ""},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "(16, 16, 3)" in result.stdout, result.stderr[-2000:]
 
 
 def test_task_names_expand_from_the_benchmark_lists() -> None:
