@@ -53,7 +53,7 @@ def test_libero_dataset_train_and_evaluate(tmp_path):
     assert all(o["recorded"] == o["planned"] == 2 for o in overall.values())
     io = json.loads((run_dir / "export" / "policy_io.json").read_text())
     assert io["cameras"] == ["image", "image2"] and io["action_dim"] == 7 and io["fps"] == 20
-    records = [json.loads(line) for path in sorted((run_dir / "eval").rglob("*.jsonl")) for line in
+    records = [json.loads(line) for path in sorted((run_dir / "eval" / "shards").rglob("*.jsonl")) for line in
                path.read_text().splitlines()]
     trained = [r for r in records if r["policy"] == "trained"]
     assert {r["task"] for r in trained} == {"libero_spatial/0"} and all(r["length"] == 8 for r in trained)
