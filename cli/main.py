@@ -269,8 +269,9 @@ def data_synth(
     episodes: Annotated[int, typer.Option(help="Episodes per task (failed expert ones are dropped).")] = 5,
     image_size: Annotated[int, typer.Option(help="Camera image side in pixels.")] = 64,
     seed: Annotated[int, typer.Option(help="Decides every goal; same seed, same dataset.")] = 0,
-    cameras: Annotated[str, typer.Option(help="Comma-separated cameras (metaworld: corner; libero: image,image2); "
-                                              "empty: state only.")] = "corner",
+    cameras: Annotated[str | None, typer.Option(help="Comma-separated cameras (metaworld: corner, the default; "
+                                                     "libero: image,image2); empty: state only (the default of "
+                                                     "other suites).")] = None,
     workers: Annotated[int, typer.Option(help="Processes rolling out episodes (metaworld; same dataset for any "
                                               "number).")] = 1,
     policy: Annotated[str, typer.Option(help="expert (the suite's scripted expert) or random (any suite: for "
@@ -285,6 +286,8 @@ def data_synth(
     from embodyhpc.errors import UserError
 
     chosen = [t.strip() for t in tasks.split(",") if t.strip()]
+    if cameras is None:
+        cameras = "corner" if env == "metaworld" else ""
     camera_list = [c.strip() for c in cameras.split(",") if c.strip()]
     if policy not in ("expert", "random"):
         raise UserError(f"unknown policy {policy!r}", key="--policy", fix="use --policy expert or --policy random")
@@ -324,8 +327,8 @@ def _record_suite(out: Path, env: str, tasks: list[str], episodes: int, image_si
         parsed[key] = int(value) if value.isdigit() else value
     try:
         suite = make_suite(env, tasks, cameras=cameras, image_size=image_size, **parsed)
-    except ValueError as exc:
-        raise UserError(str(exc), key="--tasks") from None
+    except ValueError as exc:  # the suite's own message names the task, camera or option
+        raise UserError(str(exc), where=f"--env {env}") from None
     with suite:
         if policy == "expert" and not suite.has_expert:
             raise UserError(f"the {env} suite has no scripted expert", key="--policy",

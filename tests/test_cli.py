@@ -117,6 +117,7 @@ def test_data_synth_rejects_unknown_task_or_env_before_writing(cli, tmp_path):
                           (("--env", "libero", "--tasks", "libero_spatial/0", "--option", "bogus=1"), "not an option"),
                           (("--env", "libero", "--tasks", "libero_spatial/0", "--option", "convention"),
                            "not an option"),
+                          (("--env", "libero", "--tasks", "libero_spatial/0", "--cameras", "corner"), "cameras"),
                           (("--env", "pusht", "--tasks", "pusht", "--episodes", "0", "--policy", "random"), ">= 1")):
         result = cli(*out, *args)
         assert result.code == 2 and message in result.err and len(result.err.strip().splitlines()) == 1, (args,
