@@ -101,6 +101,11 @@ def egl_device(environ: Mapping[str, str]) -> str | None:
 
 
 def _libero() -> tuple[Any, Callable[[str], str], Any]:
+    import sys
+    import types
+
+    if "robosuite" not in sys.modules:  # robosuite's own defaults, without its three "no private macro file" lines
+        sys.modules.setdefault("robosuite.macros_private", types.ModuleType("robosuite.macros_private"))
     try:
         from libero.libero import benchmark, get_libero_path
         from libero.libero.envs import OffScreenRenderEnv
@@ -134,8 +139,17 @@ def expand_tasks(tasks: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(expanded))
 
 
+def _benchmark(benchmark: Any, bench: str) -> Any:
+    """libero's benchmark object (it prints its task order to stdout when made: kept out of our output)."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return benchmark.get_benchmark_dict()[bench]()
+
+
 def _task_names(benchmark: Any, bench: str) -> list[str]:
-    suite = benchmark.get_benchmark_dict()[bench]()
+    suite = _benchmark(benchmark, bench)
     return [suite.get_task(i).name for i in range(suite.n_tasks)]
 
 
@@ -223,7 +237,7 @@ class LiberoSuite:
         if task not in self._tasks:
             benchmark, _, _ = _libero()
             bench, _, index = task.partition("/")
-            suite = benchmark.get_benchmark_dict()[bench]()
+            suite = _benchmark(benchmark, bench)
             self._tasks[task] = (suite.get_task(int(index)), suite.get_task_init_states(int(index)))
         return self._tasks[task]
 
