@@ -6,13 +6,14 @@ Arguments are always lists: no shell, nothing from a recipe is ever parsed by a 
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import signal
 import subprocess
 import threading
 from collections.abc import Iterator
 
-from embodyhpc.errors import SlurmError
+from embodyhpc.errors import SlurmError, UserError
 
 TIMEOUT_S = 60
 
@@ -43,7 +44,16 @@ def reachable() -> tuple[bool, str]:
     return True, "ok"
 
 
+JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")  # a job, or one element of an array
+
+
 def cancel(job_ids: list[str]) -> None:
+    """scancel exactly these jobs. Anything but a job id (`--user=root`, `-1`, `1 2`, `1;rm`) is refused before
+    scancel runs: as an argument it could widen what is cancelled."""
+    bad = [job_id for job_id in job_ids if not (isinstance(job_id, str) and JOB_ID.fullmatch(job_id))]
+    if bad:
+        raise UserError(f"refusing to pass {bad[0]!r:.60} to scancel: not a Slurm job id", key="job_id",
+                        fix="job ids are digits, or digits_digits for an array element; check the run's run.json")
     if job_ids:
         run(["scancel", *job_ids])
 
