@@ -309,6 +309,43 @@ def local_summary(run_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def chain_failure(run_dir: Path) -> str | None:
+    """Why a chain that ran on this machine did not complete, on one line; None when every job completed, every
+    shard of an array reported and the report says complete. Evaluations run beside training count too."""
+    from embodyhpc.errors import RunDirError
+    from embodyhpc.launch.checkpoint_eval import requested_evals
+
+    info = RunInfo.load(run_dir)
+    problems = _chain_problems(info, _read_report(Path(info.run_dir)))
+    for path in requested_evals(Path(info.run_dir)):
+        try:
+            sub = RunInfo.load(path)
+        except RunDirError as exc:
+            problems.append(f"evaluation {path.name}: {exc.one_line()}")
+            continue
+        problems += [f"evaluation {path.name}: {why}" for why in _chain_problems(sub, _read_report(path))]
+    return " ".join(("the chain did not complete: " + "; ".join(problems)).split()) if problems else None
+
+
+def _chain_problems(info: RunInfo, report: dict | None) -> list[str]:
+    problems = []
+    for record in info.jobs.values():
+        why = []
+        if record.state != "COMPLETED":
+            why.append(f"{record.state or 'never ran'}" + (f" ({record.reason})" if record.reason else ""))
+        done = record.array_counts.get("COMPLETED", 0)
+        if record.array_size and done < record.array_size:
+            why.append(f"{done} of {record.array_size} shards completed")
+        if why:
+            problems.append(f"{record.kind} " + ", ".join(why))
+    if "report" in info.jobs:
+        if report is None:
+            problems.append("no report.json")
+        elif report.get("outcome") != "complete":
+            problems.append(f"report {report.get('outcome')}: {report.get('why')}")
+    return problems
+
+
 def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iterator[str]:
     from embodyhpc.runlogs import follow as follow_logs
     from embodyhpc.runlogs import log_files
