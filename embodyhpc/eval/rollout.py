@@ -51,12 +51,12 @@ class EpisodeVideo:
 
     def write(self, frame: np.ndarray) -> None:
         if self._writer is None:
-            from embodyhpc.data.writer import VideoOptions, _VideoFileWriter
+            from embodyhpc.data.writer import VideoFileWriter, VideoOptions
 
             height, width = frame.shape[:2]
             if height % 2 or width % 2:
                 raise ValueError(f"video frames need an even width and height for yuv420p, got {width}x{height}")
-            self._writer = _VideoFileWriter(self._tmp, width, height, self.fps, VideoOptions(gop_size=VIDEO_GOP))
+            self._writer = VideoFileWriter(self._tmp, width, height, self.fps, VideoOptions(gop_size=VIDEO_GOP))
         self._writer.write(np.asarray(frame, dtype=np.uint8)[None])
         self.num_frames += 1
 

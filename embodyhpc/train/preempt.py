@@ -39,13 +39,12 @@ import threading
 from types import FrameType
 from typing import Any
 
+from embodyhpc.errors import REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE
+
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR2)
 """In increasing precedence: the agreed signal is the highest-ranked one any rank received."""
-REQUEUE_EXIT_CODE = 144
-"""Exit status of every rank after a requeue: submitit's own "requeue me" code (its local executor restarts the
-tasks on it); under Slurm the job's state is REQUEUED whatever the tasks return."""
 
 
 class Stopped(SystemExit):
@@ -56,7 +55,7 @@ class Stopped(SystemExit):
     a SIGTERM death's (after SIGTERM, Slurm cancels or requeues the job itself).
     """
 
-    def __init__(self, message: str, code: int = 128 + signal.SIGTERM) -> None:
+    def __init__(self, message: str, code: int = STOPPED_EXIT_CODE) -> None:
         super().__init__(code)
         self.message = message
 

@@ -126,10 +126,10 @@ def _te_reason(recipe: str, *, check_device: bool) -> str | None:
     """Why transformer-engine cannot run `recipe` here: not installed, too old, or (on a GPU node) the GPU or CUDA
     lacks the recipe (te.is_fp8_available / is_fp8_block_scaling_available)."""
     from embodyhpc.errors import ConfigError
-    from embodyhpc.models.fp8 import _import_te
+    from embodyhpc.models.fp8 import import_te
 
     try:
-        te = _import_te()
+        te = import_te()
     except ConfigError as exc:
         return exc.message
     if not check_device:

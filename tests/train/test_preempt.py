@@ -172,12 +172,20 @@ def test_local_run_signalled_on_one_rank_restarts_and_resumes_at_the_saved_step(
     assert train["resumed_from_step"] == attempts[0]["step"] and train["restart_count"] == 1
 
 
-def test_launch_observer_reads_the_same_exit_codes():
-    """launch/observe.py maps exit codes to MLflow statuses without importing torch: the numbers must agree."""
-    import signal as signals
-
+def test_the_run_status_follows_how_the_attempt_ended(tmp_path):
+    """launch/observe.py (torch-free) turns the exceptions preempt.py raises into the MLflow run's status."""
     from embodyhpc.launch import observe
-    from embodyhpc.train import preempt
 
-    assert observe.REQUEUE_EXIT_CODE == preempt.REQUEUE_EXIT_CODE
-    assert observe.STOPPED_EXIT_CODE == preempt.Stopped("x").code == 128 + signals.SIGTERM
+    closed = []
+
+    class Sink:
+        def close(self, status):
+            closed.append(status)
+
+    for exc, status in ((Requeued("requeued at step 7"), "RUNNING"), (Stopped("stopped at step 7"), "KILLED"),
+                        (SystemExit(1), "FAILED")):
+        tracking = object.__new__(observe.RunTracking)
+        tracking.sampler, tracking.sink = None, Sink()
+        with pytest.raises(SystemExit), tracking.attempt():
+            raise exc
+        assert closed.pop() == status
