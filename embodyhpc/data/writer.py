@@ -308,7 +308,7 @@ class LeRobotWriter:
             if not overwrite:
                 raise DatasetError("folder exists and is not empty", where=str(self.root), key="out",
                                    fix="pick a new path, or pass --overwrite to replace the dataset in it")
-            why = _not_replaceable(self.root)
+            why = not_replaceable(self.root)
             if why:
                 raise DatasetError(f"--overwrite refused: {why}", where=str(self.root), key="out",
                                    fix="pick a new path (or delete that folder yourself if it really should go)")
@@ -559,7 +559,7 @@ WRITING_MARKER = ".embodyhpc-writing"  # in a dataset folder this writer has not
 _WRITTEN_ENTRIES = {"meta", "data", "videos", WRITING_MARKER}
 
 
-def _not_replaceable(root: Path) -> str | None:
+def not_replaceable(root: Path) -> str | None:
     """Why `root` is not a dataset folder this writer wrote (so --overwrite must not delete it); None if it is."""
     resolved = root.resolve()
     if resolved == Path(resolved.anchor) or resolved == Path.home().resolve():

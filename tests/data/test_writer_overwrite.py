@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from embodyhpc.data import DatasetError
-from embodyhpc.data.writer import LeRobotWriter, _not_replaceable
+from embodyhpc.data.writer import LeRobotWriter, not_replaceable
 from tests.data.test_writer import FEATURES, FPS, make_episodes, write
 
 
@@ -104,7 +104,7 @@ def test_a_file_or_a_link_is_never_replaced(tmp_path):
 
 
 def test_the_filesystem_root_is_never_replaceable():
-    assert "filesystem root" in _not_replaceable(Path("/"))
+    assert "filesystem root" in not_replaceable(Path("/"))
 
 
 def test_without_overwrite_a_non_empty_folder_is_refused_and_kept(tmp_path):
