@@ -111,6 +111,8 @@ def _read_run_json(path: Path) -> dict:
     """The parsed object, read with a size cap; never echoes the content."""
     if path.is_dir():
         raise _damaged(path, "it is a directory, not a file")
+    if path.exists() and not path.is_file():  # reading a FIFO would wait forever, a device never end
+        raise _damaged(path, "not a regular file (a FIFO, socket or device)")
     try:
         with path.open("rb") as f:
             raw = f.read(MAX_RUN_JSON_BYTES + 1)

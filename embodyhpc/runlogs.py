@@ -24,7 +24,7 @@ def log_files(info: RunInfo, kind: str | None = None) -> list[tuple[str, Path]]:
         else:
             prefixes = [(record.kind, record.job_id)]
         for label, prefix in prefixes:
-            for path in sorted(folder.glob(f"{prefix}_*_log.*")):
+            for path in sorted(p for p in folder.glob(f"{prefix}_*_log.*") if p.is_file()):  # no FIFO to hang on
                 task = path.name[len(prefix) + 1:].split("_")[0]
                 found.append((f"{label} task {task} {path.suffix[1:]}", path))
     return found

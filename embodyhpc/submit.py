@@ -268,6 +268,8 @@ def _read_report(run_dir: Path) -> dict | None:
     if not (path.exists() or path.is_symlink()):
         return None
     try:
+        if not path.is_file():
+            raise ValueError("not a regular file")
         if path.stat().st_size > 16 << 20:
             raise ValueError("larger than 16 MiB")
         report = json.loads(path.read_bytes().decode("utf-8"))

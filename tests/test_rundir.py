@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,18 @@ def slurm_doubles(tmp_path, monkeypatch):
         script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     return log
+
+
+@pytest.fixture
+def no_hang():
+    """Fail instead of waiting forever on a FIFO."""
+    def alarm(*_):
+        raise AssertionError("hung for 20 s")
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(20)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
 
 
 def _calls(log: Path, tool: str) -> list[str]:
@@ -103,7 +116,17 @@ def _dangling(path: Path) -> None:
     path.symlink_to(path.parent / "gone.json")
 
 
+def _fifo(path: Path) -> None:  # reading it would wait for a writer forever
+    os.mkfifo(path)
+
+
+def _device(path: Path) -> None:  # reading it would never end
+    path.symlink_to("/dev/zero")
+
+
 CORRUPTIONS = {
+    "fifo": _fifo,
+    "device": _device,
     "empty": _text(""),
     "whitespace": _text(" \n\t\n"),
     "truncated": _truncated,
@@ -153,7 +176,7 @@ CORRUPTIONS = {
 
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
-def test_a_damaged_run_json_is_one_line_with_exit_2(cli, tmp_path, slurm_doubles, corruption, command):
+def test_a_damaged_run_json_is_one_line_with_exit_2(cli, tmp_path, slurm_doubles, no_hang, corruption, command):
     run = tmp_path / "run"
     run.mkdir()
     CORRUPTIONS[corruption](run / "run.json")
@@ -350,3 +373,40 @@ def test_cancel_cancels_what_it_can_when_an_evaluation_folder_is_damaged(cli, tm
     assert result.code == 2 and len(result.err.strip().splitlines()) == 1
     assert "step-100" in result.err and "not cancelled" in result.err
     assert _calls(slurm_doubles, "scancel") == ["scancel 101 102 103"]
+
+
+def test_fifos_where_logs_and_reports_belong_are_skipped_not_waited_on(cli, tmp_path, no_hang):
+    run = tmp_path / "run"
+    for sub in ("submitit", "eval"):
+        (run / sub).mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps(_valid(run, backend="local", train={
+        "kind": "train", "job_id": "7", "state": "COMPLETED"})))
+    os.mkfifo(run / "eval" / "report.json")
+    os.mkfifo(run / "submitit" / "7_0_log.out")
+    (run / "submitit" / "7_0_log.err").write_text("the real log\n")
+    status = cli("status", str(run))
+    assert status.code == 0 and "report: unreadable" in status.out, status.err
+    logs = cli("logs", str(run))
+    assert logs.code == 0 and "the real log" in logs.out
+
+
+def test_sacct_rows_with_an_empty_state_read_as_unknown(cli, tmp_path, slurm_doubles):
+    (slurm_doubles.parent / "bin" / "sacct").write_text("#!/bin/sh\necho '101||0:0|None||'\necho '102'\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps(_valid(run)))
+    result = cli("status", str(run))
+    assert result.code == 0 and "Traceback" not in result.err, result.err
+    assert result.out.splitlines()[2].split()[:3] == ["train", "101", "UNKNOWN"]
+
+
+@pytest.mark.parametrize("where", ["nonexistent", "a_file", "empty_folder"])
+def test_not_a_run_folder_is_one_line_with_exit_2(cli, tmp_path, where):
+    path = tmp_path / where
+    if where == "a_file":
+        path.write_text("x")
+    elif where == "empty_folder":
+        path.mkdir()
+    for command in COMMANDS:
+        result = cli(command, str(path))
+        assert result.code == 2 and "no run.json" in result.err and len(result.err.strip().splitlines()) == 1

@@ -315,8 +315,13 @@ class LeRobotWriter:
             self._final_root = self.root
             self.root = self.root.parent / f".{self.root.name}.writing-{os.getpid()}"
             shutil.rmtree(self.root, ignore_errors=True)
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / WRITING_MARKER).touch()  # ours, and not finished: --overwrite may replace it
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / WRITING_MARKER).touch()  # ours, and not finished: --overwrite may replace it
+        except OSError as exc:
+            raise DatasetError(f"cannot create the dataset folder: {exc.strerror or exc}",
+                               where=str(self._final_root or self.root),
+                               key="out", fix="pick a path in a folder you can write to") from exc
 
     def _swap_in(self) -> None:
         """The finished dataset takes the place of the one it replaces."""

@@ -74,7 +74,7 @@ def _slurm_rows(job_ids: list[str]) -> dict[str, list[dict[str, str]]]:
         values = line.split("|")
         if len(values) == len(fields):
             row = dict(zip(fields, values, strict=True))
-            row["State"] = row["State"].split()[0]  # "CANCELLED by 0" -> CANCELLED
+            row["State"] = (row["State"].split() or ["UNKNOWN"])[0]  # "CANCELLED by 0" -> CANCELLED
             rows[row["JobID"]] = row
     # squeue is fresher for jobs still queued or running (sacct may lag a second)
     live = commands.run(["squeue", "--noheader", f"--jobs={','.join(job_ids)}",

@@ -103,6 +103,12 @@ def test_a_file_or_a_link_is_never_replaced(tmp_path):
     assert (tmp_path / "file").read_text() == "x" and (dataset / "meta" / "info.json").is_file()
 
 
+def test_a_folder_that_cannot_be_created_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DatasetError, match="cannot create the dataset folder"):
+        LeRobotWriter(tmp_path / "file" / "ds", fps=FPS, features=FEATURES)
+
+
 def test_the_filesystem_root_is_never_replaceable():
     assert "filesystem root" in not_replaceable(Path("/"))
 
