@@ -341,7 +341,7 @@ def main() -> None:
     except RunFailure as exc:
         if os.environ.get("EMBODYHPC_DEBUG"):
             raise
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo("error: " + " ".join(str(exc).split()), err=True)  # one line, even for a tool's stderr
         sys.exit(1)
 
 

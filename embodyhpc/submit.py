@@ -351,7 +351,7 @@ def _chain_problems(info: RunInfo, report: dict | None) -> list[str]:
 def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iterator[str]:
     from embodyhpc.runlogs import follow as follow_logs
     from embodyhpc.runlogs import log_files
-    from embodyhpc.slurm.status import chain_status
+    from embodyhpc.slurm.status import read_states
 
     info = RunInfo.load(run_dir)
     if not follow:
@@ -365,11 +365,21 @@ def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iter
             yield from text.splitlines()
         return
 
+    lost: list[str] = []  # why Slurm stopped answering, if it did
+
     def done() -> bool:
-        fresh = RunInfo.load(run_dir)
-        return all(s.finished for s in chain_status(fresh) if kind is None or s.kind == kind)
+        (states,), from_disk = read_states([RunInfo.load(run_dir)])
+        if from_disk is not None and info.backend == "slurm":  # no telling when the job ends: print what is there
+            lost.append(from_disk)
+            return True
+        return all(s.finished for s in states if kind is None or s.kind == kind)
 
     yield from follow_logs(lambda: log_files(RunInfo.load(run_dir), kind), done)
+    if lost:
+        from embodyhpc.errors import SlurmError
+
+        raise SlurmError(f"stopped following: sacct failed ({lost[0]}), so the jobs' states are unknown; "
+                         f"run `embodyhpc logs {run_dir} -f` again once Slurm answers")
 
 
 def cancel_run(run_dir: Path) -> str:

@@ -410,3 +410,15 @@ def test_not_a_run_folder_is_one_line_with_exit_2(cli, tmp_path, where):
     for command in COMMANDS:
         result = cli(command, str(path))
         assert result.code == 2 and "no run.json" in result.err and len(result.err.strip().splitlines()) == 1
+
+
+def test_logs_follow_without_sacct_prints_everything_then_stops_with_one_line(cli, tmp_path, slurm_doubles, no_hang):
+    _sacct_fails(slurm_doubles.parent / "bin", slurm_doubles)
+    run = tmp_path / "run"
+    (run / "submitit").mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps(_valid(run)))
+    (run / "submitit" / "101_0_log.out").write_text("step 1\nstep 2\n")
+    result = cli("logs", str(run), "-f")
+    assert result.code == 1 and "[train task 0 out] step 2" in result.out
+    assert len(result.err.strip().splitlines()) == 1 and "stopped following" in result.err
+    assert "Connection refused" in result.err and "Traceback" not in result.err
