@@ -27,6 +27,7 @@ from embodyhpc.slurm.commands import JOB_ID  # local backend: process ids, digit
 RUN_JSON = "run.json"
 RESOLVED_YAML = "resolved.yaml"
 SUBDIRS = ("scripts", "submitit", "checkpoints", "eval", "logs")
+EVALS_DIR = "evals"  # <run>/evals/step-N: evaluations while training (embodyhpc.launch.checkpoint_eval)
 
 
 @dataclass
@@ -84,7 +85,6 @@ class RunInfo:
         return info
 
 
-EVALS_DIR = "evals"  # <run>/evals/step-N: evaluations while training (embodyhpc.launch.checkpoint_eval)
 MAX_RUN_JSON_BYTES = 4 << 20  # embodyhpc writes a few KiB; more is not a run.json of ours
 _NO_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _FIX = "restore run.json from a backup, or submit the recipe again (run.json is written by `embodyhpc submit`)"
