@@ -77,8 +77,11 @@ class RunInfo:
                               fix="pass the folder `embodyhpc submit` printed")
         data = _read_run_json(path)
         fields = _fields({k: v for k, v in data.items() if k != "jobs"}, _RUN_FIELDS, path, "")
+        records = _checked(data, "jobs", dict, path)
+        if len(records) > MAX_JOBS:
+            raise _damaged(path, f"{len(records)} job records, more than a run of embodyhpc has", key="jobs")
         jobs = {name: JobRecord(**_fields(record, _JOB_FIELDS, path, f"jobs.{name}"))
-                for name, record in _checked(data, "jobs", dict, path).items()}
+                for name, record in records.items()}
         info = cls(**{**fields, "run_dir": str(folder)}, jobs=jobs)
         if info.parent_run is not None and folder.parent.name == EVALS_DIR:
             info.parent_run = str(folder.parent.parent)
@@ -86,6 +89,7 @@ class RunInfo:
 
 
 MAX_RUN_JSON_BYTES = 4 << 20  # embodyhpc writes a few KiB; more is not a run.json of ours
+MAX_JOBS = 64  # job records in one run.json: a chain has at most five (train or export, eval, report, smoke)
 _NO_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _FIX = "restore run.json from a backup, or submit the recipe again (run.json is written by `embodyhpc submit`)"
 

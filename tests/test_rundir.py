@@ -171,6 +171,8 @@ CORRUPTIONS = {
     "job_id_glob": _set("jobs", "train", "job_id", "*"),
     "job_id_a_number": _set("jobs", "train", "job_id", 101),
     "job_id_flag": _set("jobs", "train", "job_id", "--user=root"),
+    "job_id_endless_digits": _set("jobs", "train", "job_id", "9" * 5000),
+    "100k_job_records": _set("jobs", {f"j{i}": {"kind": "train", "job_id": str(i)} for i in range(100_000)}),
 }
 
 
@@ -319,7 +321,7 @@ def test_a_damaged_report_or_evaluation_costs_its_own_line(cli, tmp_path):
     assert "step-4:" in result.out and "damaged run.json" in result.out
 
 
-HOSTILE_IDS = ["--user=root", "-1", "1;rm -rf ~", "1 2", "", " 1", "1\n2", "1_", "_1", "1_2_3", "1.0", "0x10",
+HOSTILE_IDS = ["9" * 21, "--user=root", "-1", "1;rm -rf ~", "1 2", "", " 1", "1\n2", "1_", "_1", "1_2_3", "1.0", "0x10",
                "１２", "12abc", "*", "$(id)", "1,2", "-u", "1_[0-3]", "--signal=KILL"]
 
 

@@ -28,6 +28,8 @@ def run(args: list[str], *, timeout_s: float = TIMEOUT_S, check: bool = True,
         raise SlurmError(f"{args[0]} not found: is Slurm installed and on PATH?") from exc
     except subprocess.TimeoutExpired as exc:
         raise SlurmError(f"{' '.join(args)} did not answer within {timeout_s:.0f} s") from exc
+    except OSError as exc:  # not executable, argument list too long, ...
+        raise SlurmError(f"{args[0]} could not be started: {exc.strerror or exc}") from exc
     if check and proc.returncode != 0:
         raise SlurmError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout
@@ -44,7 +46,7 @@ def reachable() -> tuple[bool, str]:
     return True, "ok"
 
 
-JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")  # a job, or one element of an array
+JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?")  # a job, or one element of an array
 
 
 def cancel(job_ids: list[str]) -> None:
