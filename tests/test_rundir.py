@@ -201,6 +201,26 @@ def test_an_unreadable_run_json_is_one_line_with_exit_2(cli, tmp_path):
         assert result.code == 2 and "cannot read run.json" in result.err, command
 
 
+def test_a_run_json_that_refuses_reading_is_one_line_with_exit_2(cli, tmp_path, monkeypatch, slurm_doubles):
+    """chmod 000 as root, emulated: opening run.json raises EACCES."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps(_valid(run)))
+    real_open = Path.open
+
+    def refusing_open(self, *args, **kwargs):
+        if self.name == "run.json":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", refusing_open)
+    for command in COMMANDS:
+        result = cli(command, str(run))
+        assert result.code == 2 and "cannot read run.json: Permission denied" in result.err, (command, result.err)
+        assert len(result.err.strip().splitlines()) == 1 and str(run / "run.json") in result.err
+    assert _calls(slurm_doubles, "scancel") == []
+
+
 def test_keys_a_newer_version_wrote_are_ignored(cli, tmp_path, slurm_doubles):
     run = tmp_path / "run"
     run.mkdir()
