@@ -17,6 +17,10 @@ complete, so the report can tell a missing shard from a short one.
 Videos (H.264, yuv420p, plays in browsers and MLflow): episodes numbered below `videos_per_task` of every
 (task, seed), i.e. the same episodes whatever the sharding; frames from `env.render()` (the suite's video camera),
 the initial state and one per step, at the simulator's control rate.
+
+Cameras cost most of an episode on CPU. A policy that says whether its next `act` reads the observation
+(`reads_next_observation()`, e.g. between re-plans of a receding horizon) lets a suite that can skip rendering
+(`env.observe_images(on)`) render cameras only for the observations the policy reads.
 """
 
 from __future__ import annotations
@@ -90,8 +94,13 @@ def run_episode(env: EvalEnv, policy: Policy, episode: Episode, *, max_steps: in
         obs = env.reset()
         if recorder:
             recorder.write(env.render())
+        observe = getattr(env, "observe_images", None)  # suites that can skip rendering cameras (LIBERO)
+        reads = getattr(policy, "reads_next_observation", None)
         for _ in range(max_steps):
-            obs, reward, success, done = env.step(policy.act(obs))
+            action = policy.act(obs)
+            if observe is not None:
+                observe(reads is None or reads())
+            obs, reward, success, done = env.step(action)
             length += 1
             total += reward
             if recorder:

@@ -144,14 +144,23 @@ class StopSignal:
         return self.signals.index(sig)
 
 
+_side_groups: dict[int, tuple[Any, Any]] = {}
+"""id(default group) -> (that group, its gloo side group); the group is held so that its id is not reused."""
+
+
 def cpu_group() -> Any:
-    """A process group for `StopSignal.agreed`: the default one when it is gloo, else a gloo group of its own.
+    """A process group for CPU collectives (`StopSignal.agreed`, the launcher's hostname gather): the default one
+    when it is gloo, else one gloo group of every rank, created on the first call and shared by later ones.
 
     With NCCL, a CPU flag cannot travel on the default group, and a GPU flag would make every step wait for the
-    GPU. Collective when it creates a group: every rank calls it at the same point.
+    GPU. One side group per default group: each gloo group holds a connection to every other rank, so one per
+    caller would multiply them. Collective on its first call: every rank calls it at the same point.
     """
     import torch.distributed as dist
 
     if dist.get_backend() == "gloo":
         return None
-    return dist.new_group(backend="gloo")
+    world = dist.group.WORLD
+    if id(world) not in _side_groups:
+        _side_groups[id(world)] = (world, dist.new_group(backend="gloo"))
+    return _side_groups[id(world)][1]

@@ -213,11 +213,14 @@ def _rank_main(rank: int, path: SmokePath, steps: int, size: str, folder: str | 
     import torch
     import torch.distributed as dist
 
+    from embodyhpc.launch.distributed import set_flight_recorder_size
+
     device = torch.device("cuda", rank) if path.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     with tempfile.TemporaryDirectory() as scratch:
         store = f"file://{folder or scratch}/rendezvous"
+        set_flight_recorder_size(os.environ, torch.__version__)  # smoke jobs export the network profile too
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=store, rank=rank,
                                 world_size=path.ranks)
         try:
