@@ -123,6 +123,12 @@ def submit(
     info = submitting.submit(loaded, _python(loaded), local=local, progress=say)
     if info.backend == "local":  # the chain has run: show where it got
         say(submitting.local_summary(Path(info.run_dir)))
+    _print_run(info, as_json)
+
+
+def _print_run(info, as_json: bool) -> None:
+    """The run's folder (or its run.json with --json); then, for a chain that ran here, a true exit code: 1 with
+    the reason on one line when a job failed or shards are missing."""
     if as_json:
         import dataclasses
         import json
@@ -131,6 +137,13 @@ def submit(
     else:
         typer.echo(f"run: {info.run_dir}")
         typer.echo(f"  embodyhpc status {info.run_dir}")
+    if info.backend == "local":
+        from embodyhpc.errors import RunFailure
+        from embodyhpc.submit import chain_failure
+
+        why = chain_failure(Path(info.run_dir))
+        if why:
+            raise RunFailure(why)
 
 
 @app.command("eval")
@@ -155,14 +168,7 @@ def eval_cmd(
         say(f"attaching to MLflow run {source.mlflow_parent} of {source.source_run}")
     info = submitting.submit(loaded, _python(loaded), local=local, progress=say, eval_only=True,
                              mlflow_parent=source.mlflow_parent)
-    if as_json:
-        import dataclasses
-        import json
-
-        typer.echo(json.dumps(dataclasses.asdict(info), indent=2))
-    else:
-        typer.echo(f"run: {info.run_dir}")
-        typer.echo(f"  embodyhpc status {info.run_dir}")
+    _print_run(info, as_json)
 
 
 @app.command()
@@ -392,7 +398,7 @@ def main() -> None:
     except RunFailure as exc:
         if os.environ.get("EMBODYHPC_DEBUG"):
             raise
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo("error: " + " ".join(str(exc).split()), err=True)  # one line, even for a tool's stderr
         sys.exit(1)
 
 

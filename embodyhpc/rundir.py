@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from embodyhpc.errors import RunDirError
+from embodyhpc.slurm.commands import JOB_ID  # local backend: process ids, digits too
 
 RUN_JSON = "run.json"
 RESOLVED_YAML = "resolved.yaml"
 SUBDIRS = ("scripts", "submitit", "checkpoints", "eval", "logs")
+EVALS_DIR = "evals"  # <run>/evals/step-N: evaluations while training (embodyhpc.launch.checkpoint_eval)
 
 
 @dataclass
@@ -62,13 +65,134 @@ class RunInfo:
 
     @classmethod
     def load(cls, run_dir: str | Path) -> RunInfo:
-        path = Path(run_dir) / RUN_JSON
-        if not path.is_file():
+        """The run in `run_dir`, checked field by field (a damaged run.json is a one-line RunDirError).
+
+        The run is the folder it was loaded from, not the path stored inside: a run folder that was moved or
+        copied keeps working (its evaluations while training, under evals/, find their parent the same way).
+        Keys this version does not know are ignored (a newer embodyhpc may have written them)."""
+        folder = Path(run_dir).expanduser().absolute()
+        path = folder / RUN_JSON
+        if not folder.is_dir() or not (path.exists() or path.is_symlink()):
             raise RunDirError("not an embodyhpc run directory (no run.json)", where=str(run_dir),
                               fix="pass the folder `embodyhpc submit` printed")
-        data = json.loads(path.read_text())
-        data["jobs"] = {k: JobRecord(**v) for k, v in data.get("jobs", {}).items()}
-        return cls(**data)
+        data = _read_run_json(path)
+        fields = _fields({k: v for k, v in data.items() if k != "jobs"}, _RUN_FIELDS, path, "")
+        records = _checked(data, "jobs", dict, path)
+        if len(records) > MAX_JOBS:
+            raise _damaged(path, f"{len(records)} job records, more than a run of embodyhpc has", key="jobs")
+        jobs = {name: JobRecord(**_fields(record, _JOB_FIELDS, path, f"jobs.{name}"))
+                for name, record in records.items()}
+        info = cls(**{**fields, "run_dir": str(folder)}, jobs=jobs)
+        if info.parent_run is not None and folder.parent.name == EVALS_DIR:
+            info.parent_run = str(folder.parent.parent)
+        return info
+
+
+MAX_RUN_JSON_BYTES = 4 << 20  # embodyhpc writes a few KiB; more is not a run.json of ours
+MAX_JOBS = 64  # job records in one run.json: a chain has at most five (train or export, eval, report, smoke)
+_NO_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_FIX = "restore run.json from a backup, or submit the recipe again (run.json is written by `embodyhpc submit`)"
+
+# field: (types, required); str fields refuse control characters, job ids must be numeric
+_RUN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "run_id": ((str,), True), "run_dir": ((str,), False), "backend": ((str,), True), "recipe": ((str,), True),
+    "site": ((str, type(None)), True), "overrides": ((list,), True), "python": ((str,), True),
+    "created": ((str,), True), "mlflow_run_id": ((str, type(None)), False), "parent_run": ((str, type(None)), False),
+}
+_JOB_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "kind": ((str,), True), "job_id": ((str, type(None)), False), "array_size": ((int,), False),
+    "dependency": ((str, type(None)), False), "state": ((str, type(None)), False),
+    "reason": ((str, type(None)), False), "exit_code": ((int, type(None)), False),
+    "element_ids": ((list,), False), "array_counts": ((dict,), False),
+}
+
+
+def _damaged(path: Path, problem: str, key: str | None = None) -> RunDirError:
+    return RunDirError(f"damaged run.json: {problem}", where=str(path), key=key, fix=_FIX)
+
+
+def _read_run_json(path: Path) -> dict:
+    """The parsed object, read with a size cap; never echoes the content."""
+    if path.is_dir():
+        raise _damaged(path, "it is a directory, not a file")
+    if path.exists() and not path.is_file():  # reading a FIFO would wait forever, a device never end
+        raise _damaged(path, "not a regular file (a FIFO, socket or device)")
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_RUN_JSON_BYTES + 1)
+    except OSError as exc:
+        raise RunDirError(f"cannot read run.json: {exc.strerror or exc}", where=str(path),
+                          fix="check the file's permissions and that its filesystem is mounted") from exc
+    if len(raw) > MAX_RUN_JSON_BYTES:
+        raise _damaged(path, f"larger than {MAX_RUN_JSON_BYTES >> 20} MiB, far more than embodyhpc writes")
+    if not raw.strip():
+        raise _damaged(path, "the file is empty")
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except UnicodeDecodeError as exc:
+        raise _damaged(path, "not text (binary content)") from exc
+    except (ValueError, RecursionError) as exc:
+        line = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise _damaged(path, f"not valid JSON{line} (truncated or overwritten?)") from exc
+    if not isinstance(data, dict):
+        raise _damaged(path, f"a JSON {_json_type(data)} instead of an object")
+    return data
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number run.json holds")
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+def _checked(data: dict, key: str, kind: type, path: Path) -> Any:
+    if key not in data:
+        raise _damaged(path, "missing", key=key)
+    value = data[key]
+    if not isinstance(value, kind):
+        raise _damaged(path, f"a {_json_type(value)} where a {_json_type(kind())} belongs", key=key)
+    return value
+
+
+def _fields(data: Any, spec: dict[str, tuple[tuple[type, ...], bool]], path: Path, prefix: str) -> dict[str, Any]:
+    """The known fields of `data`, each of its declared type; unknown keys are dropped."""
+    if not isinstance(data, dict):
+        raise _damaged(path, f"a {_json_type(data)} where an object belongs", key=prefix or None)
+    out: dict[str, Any] = {}
+    for key, (types, required) in spec.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if key not in data:
+            if required:
+                raise _damaged(path, "missing", key=name)
+            continue
+        value = data[key]
+        if not isinstance(value, types) or isinstance(value, bool):
+            want = " or ".join(_json_type(t() if t is not type(None) else None) for t in types)
+            raise _damaged(path, f"a {_json_type(value)} where a {want} belongs", key=name)
+        _check_value(key, value, path, name)
+        out[key] = value
+    return out
+
+
+def _check_value(key: str, value: Any, path: Path, name: str) -> None:
+    if key == "backend" and value not in ("slurm", "local"):
+        raise _damaged(path, "neither slurm nor local", key=name)
+    if isinstance(value, int) and not 0 <= value < (1 << 31) and not (key == "exit_code" and -256 < value < 0):
+        raise _damaged(path, "out of range", key=name)
+    if isinstance(value, dict) and any(not isinstance(n, int) or isinstance(n, bool) or n < 0
+                                       for n in value.values()):
+        raise _damaged(path, "counts must be whole numbers >= 0", key=name)
+    texts = list(value) if isinstance(value, (list, dict)) else [value] if isinstance(value, str) else []
+    for text in texts:
+        if not isinstance(text, str):
+            raise _damaged(path, f"a {_json_type(text)} in a list of strings", key=name)
+        if key != "overrides" and _NO_CONTROL.search(text):
+            raise _damaged(path, "holds control characters", key=name)
+        if key in ("job_id", "element_ids") and not JOB_ID.fullmatch(text):
+            raise _damaged(path, "not a Slurm job id (digits, or digits_digits for an array element)", key=name)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

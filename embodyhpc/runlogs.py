@@ -24,7 +24,7 @@ def log_files(info: RunInfo, kind: str | None = None) -> list[tuple[str, Path]]:
         else:
             prefixes = [(record.kind, record.job_id)]
         for label, prefix in prefixes:
-            for path in sorted(folder.glob(f"{prefix}_*_log.*")):
+            for path in sorted(p for p in folder.glob(f"{prefix}_*_log.*") if p.is_file()):  # no FIFO to hang on
                 task = path.name[len(prefix) + 1:].split("_")[0]
                 found.append((f"{label} task {task} {path.suffix[1:]}", path))
     return found
@@ -32,16 +32,31 @@ def log_files(info: RunInfo, kind: str | None = None) -> list[tuple[str, Path]]:
 
 def follow(paths: Callable[[], list[tuple[str, Path]]], done: Callable[[], bool],
            poll_s: float = 1.0) -> Iterator[str]:
-    """Yield new lines from every log file until `done()` and nothing more arrives."""
+    """Yield new lines from every log file until `done()` and nothing more arrives.
+
+    A line still being written (no newline yet) waits for its end, so it is printed once and whole; at the end
+    what is left is printed as it is. A file that cannot be read is skipped this round and tried again."""
     offsets: dict[Path, int] = {}
+    pending: dict[Path, bytes] = {}
     while True:
         finished = done()
         for label, path in paths():
-            with path.open("rb") as f:
-                f.seek(offsets.get(path, 0))
-                data = f.read()
-                offsets[path] = f.tell()
-            for line in data.decode(errors="replace").splitlines():
+            try:
+                with path.open("rb") as f:
+                    f.seek(offsets.get(path, 0))
+                    data = f.read()
+                    offsets[path] = f.tell()
+            except OSError:
+                continue
+            data = pending.pop(path, b"") + data
+            complete, newline, rest = data.rpartition(b"\n")
+            if not newline:
+                complete, rest = b"", data
+            if finished and rest:
+                complete, rest = data, b""
+            if rest:
+                pending[path] = rest
+            for line in complete.decode(errors="replace").splitlines():
                 yield f"[{label}] {line}"
         if finished:
             return

@@ -211,47 +211,89 @@ def _progress_text(status) -> str:
 
 
 def status_report(run_dir: Path, *, as_json: bool = False) -> str:
+    from embodyhpc.errors import RunDirError
     from embodyhpc.launch.checkpoint_eval import requested_evals
-    from embodyhpc.slurm.status import chains_status
+    from embodyhpc.slurm.status import read_states
 
     info = RunInfo.load(run_dir)
-    evals = requested_evals(Path(info.run_dir))
-    statuses, *eval_statuses = chains_status([info, *(RunInfo.load(path) for path in evals)])  # one sacct for all
+    evals, eval_infos, broken = [], [], {}
+    for path in requested_evals(Path(info.run_dir)):
+        try:  # a damaged evaluation folder costs its own line, not the run's status
+            eval_infos.append(RunInfo.load(path))
+            evals.append(path)
+        except RunDirError as exc:
+            broken[path.name] = exc.one_line()
+    (statuses, *eval_statuses), from_disk = read_states([info, *eval_infos])  # one sacct for all
     report = _read_report(Path(info.run_dir))
+    if from_disk is not None:
+        statuses = _disk_states(statuses, report)
+        eval_statuses = [_disk_states(s, _read_report(p)) for p, s in zip(evals, eval_statuses, strict=True)]
+    note = (f"note: sacct failed ({from_disk}); the states below come from disk (run.json, report.json) and may "
+            "be out of date" if from_disk is not None else None)
     if as_json:
         by_eval = {path.name: {"run_dir": str(path), "jobs": [dataclasses.asdict(s) for s in jobs],
                                "report": _read_report(path)} for path, jobs in zip(evals, eval_statuses, strict=True)}
+        by_eval.update({name: {"error": why} for name, why in broken.items()})
         return json.dumps({"run_dir": info.run_dir, "backend": info.backend,
-                           "jobs": [dataclasses.asdict(s) for s in statuses], "report": report,
+                           "states_from": "slurm" if from_disk is None and info.backend == "slurm" else "disk",
+                           "note": note, "jobs": [dataclasses.asdict(s) for s in statuses], "report": report,
                            "evals": by_eval}, indent=2) + "\n"
-    lines = [f"run {info.run_dir} ({info.backend}; {info.recipe}" + (f" + {info.site})" if info.site else ")"),
-             f"{'JOB':<7} {'ID':<10} {'STATE':<11} {'EXIT':<5} {'NODES':<10} PROGRESS / REASON"]
+    lines = [f"run {info.run_dir} ({info.backend}; {info.recipe}" + (f" + {info.site})" if info.site else ")")]
+    lines += [note] if note else []
+    lines.append(f"{'JOB':<7} {'ID':<10} {'STATE':<11} {'EXIT':<5} {'NODES':<10} PROGRESS / REASON")
     for s in statuses:
         code = "-" if s.exit_code is None else str(s.exit_code)
         lines.append(f"{s.kind:<7} {s.job_id or '-':<10} {s.state:<11} {code:<5} {s.nodes or '-':<10} "
                      f"{_progress_text(s)}".rstrip())
     lines += _report_lines(report)
-    if evals:
+    if evals or broken:
         lines.append("evaluations while training:")
     for path, sub_statuses in zip(evals, eval_statuses, strict=True):
         jobs = ", ".join(f"{s.kind} {s.state}" + (f" ({_progress_text(s)})" if s.array_size else "")
                          for s in sub_statuses)
         lines.append(f"  {path.name}: {jobs or 'not submitted'}")
         lines += ["  " + line for line in _report_lines(_read_report(path))]
+    lines += [f"  {name}: {why}" for name, why in sorted(broken.items())]
     return "\n".join(lines) + "\n"
 
 
+def _disk_states(statuses: list, report: dict | None) -> list:
+    """Without sacct: what a finished report recorded (train and eval states; the report itself is done)."""
+    recorded = {kind: (report.get(kind) or {}).get("state") for kind in ("train", "eval")} if report else {}
+    out = []
+    for s in statuses:
+        state = "COMPLETED" if s.kind == "report" and report and "outcome" in report else recorded.get(s.kind)
+        out.append(dataclasses.replace(s, state=state) if isinstance(state, str) and s.state == "UNKNOWN" else s)
+    return out
+
+
 def _read_report(run_dir: Path) -> dict | None:
+    """report.json, or None before the report job ran; a damaged one reads as outcome "unreadable"."""
     from embodyhpc.launch.report import REPORT_FILE
 
     path = Path(run_dir) / REPORT_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not (path.exists() or path.is_symlink()):
+        return None
+    try:
+        if not path.is_file():
+            raise ValueError("not a regular file")
+        if path.stat().st_size > 16 << 20:
+            raise ValueError("larger than 16 MiB")
+        report = json.loads(path.read_bytes().decode("utf-8"))
+        if not (isinstance(report, dict) and isinstance(report.get("outcome"), str)
+                and isinstance(report.get("why"), str) and isinstance(report.get("headline") or {}, dict)):
+            raise ValueError("not a report written by the report job")
+    except (OSError, ValueError, RecursionError) as exc:
+        problem = exc.strerror if isinstance(exc, OSError) else "not valid JSON" if isinstance(
+            exc, (json.JSONDecodeError, UnicodeDecodeError, RecursionError)) else str(exc)
+        return {"outcome": "unreadable", "why": f"{path}: {problem}"}
+    return report
 
 
 def _report_lines(report: dict | None) -> list[str]:
     if not report:
         return []
-    lines = [f"report: {report['outcome']}: {report['why']}"]
+    lines = [" ".join(f"report: {report['outcome']}: {report['why']}".split())]
     step = report.get("checkpoint_step")
     for policy, text in (report.get("headline") or {}).items():
         lines.append(f"  success {policy:<8} {text}" + (f" at step {step}" if policy == "trained" and step else ""))
@@ -276,33 +318,106 @@ def local_summary(run_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def chain_failure(run_dir: Path) -> str | None:
+    """Why a chain that ran on this machine did not complete, on one line; None when every job completed, every
+    shard of an array reported and the report says complete. Evaluations run beside training count too."""
+    from embodyhpc.errors import RunDirError
+    from embodyhpc.launch.checkpoint_eval import requested_evals
+
+    info = RunInfo.load(run_dir)
+    problems = _chain_problems(info, _read_report(Path(info.run_dir)))
+    for path in requested_evals(Path(info.run_dir)):
+        try:
+            sub = RunInfo.load(path)
+        except RunDirError as exc:
+            problems.append(f"evaluation {path.name}: {exc.one_line()}")
+            continue
+        problems += [f"evaluation {path.name}: {why}" for why in _chain_problems(sub, _read_report(path))]
+    return " ".join(("the chain did not complete: " + "; ".join(problems)).split()) if problems else None
+
+
+def _chain_problems(info: RunInfo, report: dict | None) -> list[str]:
+    problems = []
+    for record in info.jobs.values():
+        why = []
+        if record.state != "COMPLETED":
+            why.append(f"{record.state or 'never ran'}" + (f" ({record.reason})" if record.reason else ""))
+        done = record.array_counts.get("COMPLETED", 0)
+        if record.array_size and done < record.array_size:
+            why.append(f"{done} of {record.array_size} shards completed")
+        if why:
+            problems.append(f"{record.kind} " + ", ".join(why))
+    if "report" in info.jobs:
+        if report is None:
+            problems.append("no report.json")
+        elif report.get("outcome") != "complete":
+            problems.append(f"report {report.get('outcome')}: {report.get('why')}")
+    return problems
+
+
 def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iterator[str]:
     from embodyhpc.runlogs import follow as follow_logs
     from embodyhpc.runlogs import log_files
-    from embodyhpc.slurm.status import chain_status
+    from embodyhpc.slurm.status import read_states
 
     info = RunInfo.load(run_dir)
     if not follow:
         for label, path in log_files(info, kind):
             yield f"===== {label}: {path}"
-            yield from path.read_text(errors="replace").splitlines()
+            try:
+                text = path.read_text(errors="replace")
+            except OSError as exc:  # one unreadable log costs its own lines, not the others'
+                yield f"(unreadable: {exc.strerror or exc})"
+                continue
+            yield from text.splitlines()
         return
 
+    lost: list[str] = []  # why Slurm stopped answering, if it did
+
     def done() -> bool:
-        fresh = RunInfo.load(run_dir)
-        return all(s.finished for s in chain_status(fresh) if kind is None or s.kind == kind)
+        (states,), from_disk = read_states([RunInfo.load(run_dir)])
+        if from_disk is not None and info.backend == "slurm":  # no telling when the job ends: print what is there
+            lost.append(from_disk)
+            return True
+        return all(s.finished for s in states if kind is None or s.kind == kind)
 
     yield from follow_logs(lambda: log_files(RunInfo.load(run_dir), kind), done)
+    if lost:
+        from embodyhpc.errors import SlurmError
+
+        raise SlurmError(f"stopped following: sacct failed ({lost[0]}), so the jobs' states are unknown; "
+                         f"run `embodyhpc logs {run_dir} -f` again once Slurm answers")
 
 
 def cancel_run(run_dir: Path) -> str:
+    """Cancel every job the run started: its chain, then the chains of its evaluations while training (under
+    evals/, submitted from inside the training job) and their export jobs. Job ids are checked before scancel
+    sees them (embodyhpc.rundir, embodyhpc.slurm.commands)."""
+    from embodyhpc.errors import RunDirError
+    from embodyhpc.launch.checkpoint_eval import requested_evals
+    from embodyhpc.slurm.chain import cancel_chain
+
     info = RunInfo.load(run_dir)
     if info.backend != "slurm":
         return "local runs stop with their `embodyhpc submit` process (Ctrl-C); nothing to cancel"
-    from embodyhpc.slurm.chain import cancel_chain
-
-    ids = cancel_chain(info)
-    return f"cancelled jobs {' '.join(ids)}"
+    cancelled = cancel_chain(info)  # training first: it asks for no evaluation after this
+    lines = [f"cancelled jobs {' '.join(cancelled) or '(none submitted)'}"]
+    seen: set[Path] = set()
+    damaged: list[RunDirError] = []
+    for _ in range(2):  # again after the first pass: an evaluation asked for while training was being cancelled
+        for path in requested_evals(Path(info.run_dir)):
+            if path in seen:
+                continue
+            seen.add(path)
+            try:
+                ids = cancel_chain(RunInfo.load(path))
+            except RunDirError as exc:
+                damaged.append(exc)
+                continue
+            lines.append(f"cancelled evaluation {path.name}: jobs {' '.join(ids) or '(none submitted)'}")
+    if damaged:  # what could be cancelled is; the rest needs the user (one line, exit 2)
+        raise RunDirError(f"{lines[0]}; {len(damaged)} evaluation(s) not cancelled: {damaged[0].one_line()}")
+    return "\n".join(lines)
 
 
 def doctor_report(loaded: LoadedRecipe | None, *, as_json: bool, suggest: bool,

@@ -56,6 +56,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embodyhpc.data.errors import DatasetError
+
 __all__ = ["CODEBASE_VERSION", "DEFAULT_FEATURES", "LeRobotWriter", "VideoOptions", "dataset_size_bytes"]
 
 CODEBASE_VERSION = "v3.0"
@@ -295,12 +297,42 @@ class LeRobotWriter:
         self._closed = False
 
     def _prepare_root(self, overwrite: bool) -> None:
-        if self.root.exists() and any(self.root.iterdir()):
+        """A new or empty folder is written in place. With `overwrite`, a dataset this writer wrote is replaced
+        only once the new one is complete (it is written beside it, then swapped in): a failed run loses nothing.
+        Anything else is refused, with or without `overwrite`."""
+        self._final_root: Path | None = None
+        if self.root.is_symlink() or (self.root.exists() and not self.root.is_dir()):
+            raise DatasetError("exists and is not a folder" + (" (a symbolic link)" if self.root.is_symlink() else ""),
+                               where=str(self.root), key="out", fix="pick a new path for the dataset")
+        if self.root.is_dir() and any(self.root.iterdir()):
             if not overwrite:
-                raise FileExistsError(f"{self.root}: folder exists and is not empty; pick a new path or pass "
-                                      "overwrite=True to replace it")
-            shutil.rmtree(self.root)
-        self.root.mkdir(parents=True, exist_ok=True)
+                raise DatasetError("folder exists and is not empty", where=str(self.root), key="out",
+                                   fix="pick a new path, or pass --overwrite to replace the dataset in it")
+            why = not_replaceable(self.root)
+            if why:
+                raise DatasetError(f"--overwrite refused: {why}", where=str(self.root), key="out",
+                                   fix="pick a new path (or delete that folder yourself if it really should go)")
+            self._final_root = self.root
+            self.root = self.root.parent / f".{self.root.name}.writing-{os.getpid()}"
+            shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / WRITING_MARKER).touch()  # ours, and not finished: --overwrite may replace it
+        except OSError as exc:
+            raise DatasetError(f"cannot create the dataset folder: {exc.strerror or exc}",
+                               where=str(self._final_root or self.root),
+                               key="out", fix="pick a path in a folder you can write to") from exc
+
+    def _swap_in(self) -> None:
+        """The finished dataset takes the place of the one it replaces."""
+        (self.root / WRITING_MARKER).unlink()
+        if self._final_root is None:
+            return
+        old = self._final_root.parent / f".{self._final_root.name}.replaced-{os.getpid()}"
+        os.replace(self._final_root, old)
+        os.replace(self.root, self._final_root)
+        self.root, self._final_root = self._final_root, None
+        shutil.rmtree(old)
 
     # -- episodes -------------------------------------------------------------------------------------
     @property
@@ -434,6 +466,7 @@ class LeRobotWriter:
         self._write_tasks(meta / "tasks.parquet")
         (meta / "stats.json").write_text(json.dumps(self._stats(), indent=4))
         (meta / "info.json").write_text(json.dumps(self._info(), indent=4))  # last: marks the folder complete
+        self._swap_in()
         return self.root
 
     def abort(self) -> None:
@@ -445,6 +478,9 @@ class LeRobotWriter:
             except Exception:  # best effort: the error that stopped the writer is already on its way
                 pass
         self._videos.clear()
+        if self._final_root is not None:  # the dataset it would have replaced stays as it was
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root, self._final_root = self._final_root, None
 
     def __enter__(self) -> LeRobotWriter:
         return self
@@ -522,6 +558,32 @@ class LeRobotWriter:
             "video_path": VIDEO_PATH if self.video_keys else None,
             "features": features,
         }
+
+
+WRITING_MARKER = ".embodyhpc-writing"  # in a dataset folder this writer has not finished
+_WRITTEN_ENTRIES = {"meta", "data", "videos", WRITING_MARKER}
+
+
+def not_replaceable(root: Path) -> str | None:
+    """Why `root` is not a dataset folder this writer wrote (so --overwrite must not delete it); None if it is."""
+    resolved = root.resolve()
+    if resolved == Path(resolved.anchor) or resolved == Path.home().resolve():
+        return "it is the filesystem root or your home folder"
+    if resolved == Path.cwd().resolve() or resolved in Path.cwd().resolve().parents:
+        return "it holds the current folder"
+    others = sorted(p.name for p in root.iterdir() if p.name not in _WRITTEN_ENTRIES)
+    if others:
+        return f"it holds {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}, which no dataset of ours has"
+    if (root / WRITING_MARKER).is_file():
+        return None  # an unfinished dataset of ours
+    info = root / "meta" / "info.json"
+    try:
+        version = json.loads(info.read_text()).get("codebase_version")
+    except (OSError, ValueError, AttributeError):
+        return f"no readable {info.relative_to(root)}: not a LeRobot dataset"
+    if version != CODEBASE_VERSION:
+        return f"meta/info.json says codebase_version {str(version)[:20]!r}, not {CODEBASE_VERSION!r}"
+    return None
 
 
 def dataset_size_bytes(root: str | os.PathLike) -> int:

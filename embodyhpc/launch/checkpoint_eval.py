@@ -28,9 +28,7 @@ from pathlib import Path
 
 from embodyhpc.checkpoint import layout
 from embodyhpc.config.schema import Config
-from embodyhpc.rundir import RESOLVED_YAML, RUN_JSON, RunInfo, make_run_dir
-
-EVALS_DIR = "evals"
+from embodyhpc.rundir import EVALS_DIR, RESOLVED_YAML, RUN_JSON, RunInfo, make_run_dir
 
 
 def evaluates_step(config: Config, step: int) -> bool:

@@ -6,13 +6,14 @@ Arguments are always lists: no shell, nothing from a recipe is ever parsed by a 
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import signal
 import subprocess
 import threading
 from collections.abc import Iterator
 
-from embodyhpc.errors import SlurmError
+from embodyhpc.errors import SlurmError, UserError
 
 TIMEOUT_S = 60
 
@@ -27,6 +28,8 @@ def run(args: list[str], *, timeout_s: float = TIMEOUT_S, check: bool = True,
         raise SlurmError(f"{args[0]} not found: is Slurm installed and on PATH?") from exc
     except subprocess.TimeoutExpired as exc:
         raise SlurmError(f"{' '.join(args)} did not answer within {timeout_s:.0f} s") from exc
+    except OSError as exc:  # not executable, argument list too long, ...
+        raise SlurmError(f"{args[0]} could not be started: {exc.strerror or exc}") from exc
     if check and proc.returncode != 0:
         raise SlurmError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout
@@ -43,7 +46,16 @@ def reachable() -> tuple[bool, str]:
     return True, "ok"
 
 
+JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?")  # a job, or one element of an array
+
+
 def cancel(job_ids: list[str]) -> None:
+    """scancel exactly these jobs. Anything but a job id (`--user=root`, `-1`, `1 2`, `1;rm`) is refused before
+    scancel runs: as an argument it could widen what is cancelled."""
+    bad = [job_id for job_id in job_ids if not (isinstance(job_id, str) and JOB_ID.fullmatch(job_id))]
+    if bad:
+        raise UserError(f"refusing to pass {bad[0]!r:.60} to scancel: not a Slurm job id", key="job_id",
+                        fix="job ids are digits, or digits_digits for an array element; check the run's run.json")
     if job_ids:
         run(["scancel", *job_ids])
 

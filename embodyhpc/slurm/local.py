@@ -10,6 +10,7 @@ same for both backends. Evaluations of checkpoints that training asks for while 
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections import Counter
@@ -45,7 +46,8 @@ def _last_error_line(text: str) -> str:
     cuts = [i for i, line in enumerate(lines) if line.startswith("-----")]
     trace = lines[cuts[0] + 1: cuts[1]] if len(cuts) >= 2 else lines
     trace = [line for line in trace if line]
-    return trace[-1][:300] if trace else ""
+    # run.json refuses control characters (status prints this): an escape sequence in a message is dropped
+    return re.sub(r"[\x00-\x1f\x7f]", "", trace[-1])[:300] if trace else ""
 
 
 def run_local_chain(loaded: LoadedRecipe, run_dir: Path, info: RunInfo,

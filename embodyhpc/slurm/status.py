@@ -6,6 +6,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from embodyhpc.errors import SlurmError
 from embodyhpc.rundir import RunInfo
 from embodyhpc.slurm import commands
 
@@ -73,7 +74,7 @@ def _slurm_rows(job_ids: list[str]) -> dict[str, list[dict[str, str]]]:
         values = line.split("|")
         if len(values) == len(fields):
             row = dict(zip(fields, values, strict=True))
-            row["State"] = row["State"].split()[0]  # "CANCELLED by 0" -> CANCELLED
+            row["State"] = (row["State"].split() or ["UNKNOWN"])[0]  # "CANCELLED by 0" -> CANCELLED
             rows[row["JobID"]] = row
     # squeue is fresher for jobs still queued or running (sacct may lag a second)
     live = commands.run(["squeue", "--noheader", f"--jobs={','.join(job_ids)}",
@@ -97,15 +98,32 @@ def chain_status(info: RunInfo) -> list[JobStatus]:
 
 
 def chains_status(infos: list[RunInfo]) -> list[list[JobStatus]]:
-    """chain_status of several runs (a training run and its in-training evaluations) with one sacct and one squeue."""
+    return read_states(infos)[0]
+
+
+def read_states(infos: list[RunInfo]) -> tuple[list[list[JobStatus]], str | None]:
+    """chain_status of several runs (a training run and its in-training evaluations) with one sacct and one squeue.
+
+    When sacct fails (no controller or database answers), Slurm runs fall back to the states on disk (run.json;
+    UNKNOWN where it holds none) and the second value says why; None when the states are Slurm's."""
     ids = [r.job_id for info in infos if info.backend != "local" for r in info.jobs.values() if r.job_id]
-    grouped = _slurm_rows(ids) if ids else {}
-    return [_chain_status(info, grouped) for info in infos]
+    from_disk = None
+    try:
+        grouped: dict[str, list[dict[str, str]]] | None = _slurm_rows(ids) if ids else {}
+    except SlurmError as exc:
+        grouped, from_disk = None, _first_error_line(str(exc))
+    return [_chain_status(info, grouped) for info in infos], from_disk
 
 
-def _chain_status(info: RunInfo, grouped: dict[str, list[dict[str, str]]]) -> list[JobStatus]:
+def _first_error_line(text: str) -> str:
+    """sacct prints several `sacct: error: ...` lines for one cause: the last says it best, on one line."""
+    errors = [line.split("error:", 1)[-1].strip() for line in text.splitlines() if "error" in line]
+    return " ".join((errors[-1] if errors else text).split())[:200]
+
+
+def _chain_status(info: RunInfo, grouped: dict[str, list[dict[str, str]]] | None) -> list[JobStatus]:
     records = list(info.jobs.values())
-    if info.backend == "local":
+    if info.backend == "local" or grouped is None:
         return [JobStatus(kind=r.kind, job_id=r.job_id, state=r.state or "UNKNOWN", reason=r.reason,
                           exit_code=r.exit_code, array_size=r.array_size, array_counts=dict(r.array_counts))
                 for r in records]

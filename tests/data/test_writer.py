@@ -254,7 +254,7 @@ def test_bad_setup_is_rejected(tmp_path, episodes):
         VideoOptions(codec="vp9")
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "keep.txt").write_text("x")
-    with pytest.raises(FileExistsError, match="overwrite=True"):
+    with pytest.raises(DatasetError, match="--overwrite"):
         LeRobotWriter(tmp_path / "c", fps=FPS, features=FEATURES)
     with pytest.raises(ValueError, match="no episodes"):
         LeRobotWriter(tmp_path / "d", fps=FPS, features=FEATURES).close()

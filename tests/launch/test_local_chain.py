@@ -37,7 +37,7 @@ def test_local_chain_completes(cli, runs_root):
 def test_local_failed_training_skips_eval_and_reports(cli, runs_root):
     result = cli("submit", DEMO, "--local", "--json", f"job.runs_root={runs_root}",
                  "data.format=hdf5", "data.root=/nonexistent/demos.hdf5")
-    assert result.code == 0, result.err
+    assert result.code == 1 and "train FAILED" in result.err, result.err
     jobs = statuses(cli, run_dir_from(result.out))
     assert jobs["train"]["state"] == "FAILED" and "/nonexistent/demos.hdf5" in jobs["train"]["reason"]
     assert jobs["eval"]["state"] == "CANCELLED"
