@@ -341,11 +341,8 @@ def _record_suite(out: Path, env: str, tasks: list[str], episodes: int, image_si
                             fix="pass --policy random to record random-action episodes (pipeline tests)")
         actor = ExpertPolicy(suite) if policy == "expert" else RandomPolicy(suite)
         plan = [Episode(task, seed, e) for task in suite.tasks for e in range(episodes)]
-        try:
-            summary = record_episodes(suite, plan, actor, out, max_steps=max_steps or None, overwrite=overwrite,
-                                      keep_failed=policy == "random")
-        except FileExistsError as exc:
-            raise UserError(str(exc), key="--out", fix="pass --overwrite or pick a new folder") from None
+        summary = record_episodes(suite, plan, actor, out, max_steps=max_steps or None, overwrite=overwrite,
+                                  keep_failed=policy == "random")
     typer.echo(f"wrote {summary.num_episodes} {policy} episodes ({summary.num_frames} frames, {summary.successes} "
                f"successful) to {summary.root} in {summary.wall_s:.0f} s")
 
