@@ -1,60 +1,152 @@
-"""pi0.5 weights in the published layout for FSDP2-sharded models (models/pi05/weights.py has the layout and the
-single-process API; this module adds only the collectives, which models/ must not contain).
+"""pi0.5 weights for FSDP2-sharded models (models/pi05/weights.py has the published layout and the single-process
+API; this module adds what needs torch.distributed, which models/ must not import).
 
-Loading: rank 0 reads the safetensors file(s) and converts them to our names (the checks of
-models.pi05.weights.plan_load), every rank then calls torch.distributed.checkpoint's `set_model_state_dict` with
-`broadcast_from_rank0`, which sends each full tensor from rank 0 and keeps the local shard: one copy of the
-weights in host memory on rank 0, none on the other ranks. A layout error found on rank 0 is broadcast first and
-raised on every rank (no rank is left waiting in a collective).
+Loading (`load_pi05_weights_sharded`, and `load_init_weights` for `model.init_weights`): every rank opens the
+safetensors file(s) (memory-mapped) and reads only the rows of each tensor that its FSDP shard holds, converting
+them to our layout on the way (models.pi05.weights.KeyRule.read_rows). No rank ever holds the full model: a rank
+reads about 1/world of the bytes, and at most one shard of one tensor at a time besides its own parameters. The
+layout checks (models.pi05.weights.plan_load) run on every rank; the ranks agree on the outcome before anything is
+written, so an error is raised on every rank and none is left waiting in a collective. Floating tensors are cast to
+the model's dtypes; a non-floating tensor where the model has a floating one is refused, naming the key.
+The source is a published pi0.5 checkpoint (openpi / LeRobot: a file, a folder with model.safetensors, or a sharded
+index) or an embodyhpc export (a folder with model.safetensors in our own names).
 Saving: `get_model_state_dict(full_state_dict=True, cpu_offload=True)` gathers full tensors to rank 0's CPU, which
 converts and writes them; every rank returns after a barrier.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor, Shard
 
 from embodyhpc.models.pi05.weights import (
     SINGLE_FILE,
+    KeyRule,
     LoadReport,
     SafetensorsCheckpoint,
     WeightsLayoutError,
-    convert_published,
+    plan_load,
     to_published,
 )
 
 
-def _targets(model: nn.Module) -> tuple[dict[str, tuple[int, ...]], dict[str, torch.dtype]]:
+@dataclass
+class ReadStats:
+    """What one rank read: bytes in all, and the largest single read (its peak beyond its own parameters)."""
+
+    bytes_read: int = 0
+    largest_read: int = 0
+
+
+def _targets(model: nn.Module) -> dict[str, torch.Tensor]:
     # A DTensor's .shape is the global shape, so the checks see full sizes on every rank.
-    state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    return {k: tuple(v.shape) for k, v in state.items()}, {k: v.dtype for k, v in state.items()}
+    return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
 
 
-def load_pi05_weights_sharded(model: nn.Module, path_or_dir: str | Path, *, strict: bool = True) -> LoadReport:
+def local_rows(tensor: torch.Tensor) -> tuple[int, int]:
+    """The dim-0 rows [start, stop) of the full tensor that this rank's shard holds (all rows if not sharded).
+
+    FSDP2 shards dim 0 as torch.chunk does (chunks of ceil(n / size) rows, the last ones shorter or empty); HSDP adds
+    a replicated mesh dimension, which changes nothing here.
+    """
+    if not isinstance(tensor, DTensor) or tensor.dim() == 0:
+        return 0, tensor.shape[0] if tensor.dim() else 0
+    start, stop = 0, tensor.shape[0]
+    for mesh_dim, placement in enumerate(tensor.placements):
+        if isinstance(placement, Shard):
+            if placement.dim != 0:
+                raise ValueError(f"shards along dim {placement.dim}: only dim-0 (FSDP) sharding is read in slices")
+            size, coord = tensor.device_mesh.size(mesh_dim), tensor.device_mesh.get_local_rank(mesh_dim)
+            chunk = -(-(stop - start) // size)
+            start, stop = min(start + coord * chunk, stop), min(start + (coord + 1) * chunk, stop)
+    if stop - start != tensor.to_local().shape[0]:
+        raise ValueError(f"shard of {tuple(tensor.shape)} holds {tensor.to_local().shape[0]} rows, expected "
+                         f"{stop - start}")
+    return start, stop
+
+
+def _own_layout(source: SafetensorsCheckpoint, targets: dict[str, torch.Tensor], name: str,
+                strict: bool) -> tuple[LoadReport, list[tuple[KeyRule, str]]]:
+    """An embodyhpc export: the file holds our own names."""
+    report = LoadReport(source=name)
+    keys = set(source.keys())
+    for ours, tensor in targets.items():
+        if ours not in keys:
+            report.missing.append(ours)
+        elif source.shape(ours) != tuple(tensor.shape):
+            report.mismatched.append((ours, tuple(tensor.shape), source.shape(ours)))
+        else:
+            report.loaded.append(ours)
+    report.unexpected = sorted(keys - set(targets))
+    if report.mismatched:
+        key, want, got = report.mismatched[0]
+        raise WeightsLayoutError(f"{name}: {len(report.mismatched)} shape mismatch(es), first {key}: model "
+                                 f"{list(want)} vs checkpoint {list(got)}")
+    if strict and (report.missing or report.unexpected):
+        raise WeightsLayoutError(f"{name}: missing {report.missing[:4]}, unexpected {report.unexpected[:4]} "
+                                 "(not the same model: check model.size and the action/state dims)")
+    return report, [(KeyRule(k, k), k) for k in report.loaded]
+
+
+def _plan(model: nn.Module, path: str | Path, targets: dict[str, torch.Tensor],
+          strict: bool) -> tuple[SafetensorsCheckpoint, LoadReport, list[tuple[KeyRule, str]]]:
+    source = SafetensorsCheckpoint(path)
+    name = str(path)
+    if len(set(targets) & set(source.keys())) * 2 > len(targets):  # our names (a few coincide with theirs)
+        report, to_load = _own_layout(source, targets, name, strict)
+    else:
+        report, to_load = plan_load(source, model.shape, {k: tuple(v.shape) for k, v in targets.items()},
+                                    strict=strict, source_name=name)
+    for rule, key in to_load:
+        if targets[rule.ours].is_floating_point() and not source.dtype(key).startswith(("F", "BF")):
+            raise WeightsLayoutError(f"{name}: {key} holds {source.dtype(key)} values where the model has "
+                                     f"{targets[rule.ours].dtype} (not pi0.5 weights)")
+    return source, report, to_load
+
+
+def load_pi05_weights_sharded(model: nn.Module, path_or_dir: str | Path, *, strict: bool = True,
+                              stats: ReadStats | None = None) -> LoadReport:
     """Collective: every rank calls it after parallelize + materialize; returns the same report on every rank."""
-    targets, dtypes = _targets(model)
-    rank0 = dist.get_rank() == 0
-    full: dict[str, torch.Tensor] = {}
-    outcome: list[object] = [None]
-    if rank0:
-        try:
-            full, report = convert_published(SafetensorsCheckpoint(path_or_dir), model.shape, targets, strict=strict,
-                                             dtypes=dtypes, source_name=str(path_or_dir))
-            outcome[0] = report
-        except (WeightsLayoutError, FileNotFoundError) as exc:
-            outcome[0] = exc
-    dist.broadcast_object_list(outcome, src=0)
-    if isinstance(outcome[0], Exception):
-        raise outcome[0]
-    report = outcome[0]
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict and report.ok)
-    set_model_state_dict(model, full, options=options)
+    targets = _targets(model)
+    outcome: object
+    try:
+        source, report, to_load = _plan(model, path_or_dir, targets, strict)
+        outcome = None
+    except (WeightsLayoutError, OSError, ValueError) as exc:
+        outcome = exc
+    if dist.is_initialized():  # every rank learns whether any rank failed, before anything is written
+        outcomes: list[object] = [None] * dist.get_world_size()
+        dist.all_gather_object(outcomes, None if outcome is None else f"{type(outcome).__name__}: {outcome}")
+        failed = [o for o in outcomes if o is not None]
+        if failed and outcome is None:
+            raise WeightsLayoutError(f"another rank could not load {path_or_dir}: {failed[0]}")
+    if outcome is not None:
+        raise outcome
+    stats = stats if stats is not None else ReadStats()
+    with torch.no_grad():
+        for rule, key in to_load:
+            target = targets[rule.ours]
+            local = target.to_local() if isinstance(target, DTensor) else target
+            start, stop = local_rows(target)
+            if local.numel() == 0:
+                continue
+            rows = rule.read_rows(lambda a, b, key=key: source.get_rows(key, a, b), start, stop, tuple(target.shape))
+            stats.bytes_read += rows.numel() * rows.element_size()
+            stats.largest_read = max(stats.largest_read, rows.numel() * rows.element_size())
+            local.copy_(rows.reshape(local.shape).to(local.dtype))
     return report
+
+
+def load_init_weights(model: nn.Module, path: str | Path) -> LoadReport:
+    """`model.init_weights`: a fresh run's step-0 weights from a published pi0.5 checkpoint or an embodyhpc export
+    (strict: every tensor of the model must be in the file; keys the model does not use are ignored)."""
+    return load_pi05_weights_sharded(model, path, strict=True)
 
 
 def save_pi05_weights_sharded(model: nn.Module, path: str | Path, *, placeholders: bool = True,

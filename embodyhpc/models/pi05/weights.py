@@ -124,6 +124,14 @@ class KeyRule:
             return tensor[: tensor.shape[0] // 3 * 2]
         return tensor
 
+    def read_rows(self, rows: Callable[[int, int], torch.Tensor], start: int, stop: int,
+                  ours: tuple[int, ...]) -> torch.Tensor:
+        """Rows start:stop (dim 0) of our tensor, reading only what they need from the file (`rows(a, b)` reads
+        rows a:b of the published tensor): what a rank holding one FSDP shard reads."""
+        if self.kind == "position":  # ours [1, P, W]: the one row is their whole [P, W] tensor
+            return rows(0, ours[1]).reshape(1, *ours[1:]) if stop > start else torch.empty(0, *ours[1:])
+        return rows(start, stop)  # "same", and "drop_gate" (our rows are their first 2D rows)
+
 
 def key_rules(shape: Pi05Shape) -> list[KeyRule]:
     """Every tensor of a Pi05Policy of this shape and where it lives in the published layout."""
@@ -223,6 +231,16 @@ class SafetensorsCheckpoint:
 
     def get(self, key: str) -> torch.Tensor:
         return self._handles[self._file_of[key]].get_tensor(key)
+
+    def get_rows(self, key: str, start: int, stop: int) -> torch.Tensor:
+        """Rows start:stop of a tensor (dim 0), read without reading the rest (safetensors slices the file)."""
+        view = self._handles[self._file_of[key]].get_slice(key)
+        if not view.get_shape():  # 0-d
+            return view[...]
+        return view[start:stop]
+
+    def dtype(self, key: str) -> str:
+        return self._handles[self._file_of[key]].get_slice(key).get_dtype()
 
 
 TensorSource = SafetensorsCheckpoint | Mapping[str, torch.Tensor]
