@@ -8,6 +8,8 @@ import os
 import numpy as np
 import pytest
 
+from tests.helpers import require
+
 os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is imported: CPU rendering through Mesa's llvmpipe
 
 from embodyhpc.eval.policies import ExpertPolicy, RandomPolicy, reference_policies  # noqa: E402
@@ -16,7 +18,7 @@ from embodyhpc.eval.shards import Episode  # noqa: E402
 from embodyhpc.eval.suites import EvalEnv, Suite, make_suite  # noqa: E402
 
 TASK = "reach-v3"
-pytest.importorskip("metaworld", reason="metaworld is not installed (pip install metaworld==3.1.1 packaging)")
+require("metaworld", "sim")
 from embodyhpc.data import metaworld_demos  # noqa: E402
 
 

@@ -7,6 +7,8 @@ import os
 import numpy as np
 import pytest
 
+from tests.helpers import require
+
 os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is imported: CPU rendering through Mesa's llvmpipe
 
 from embodyhpc.eval.policies import ExpertPolicy, RandomPolicy, reference_policies  # noqa: E402
@@ -14,7 +16,7 @@ from embodyhpc.eval.rollout import run_episode  # noqa: E402
 from embodyhpc.eval.shards import Episode  # noqa: E402
 from embodyhpc.eval.suites import episode_seed, make_suite  # noqa: E402
 
-pytest.importorskip("gym_pusht", reason="gym-pusht is not installed (pip install gym-pusht)")
+require("gym_pusht", "sim")
 
 
 def test_pusht_reset_step_and_random_episode():
