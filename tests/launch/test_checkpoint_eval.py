@@ -37,14 +37,17 @@ def test_every_kth_periodic_checkpoint_short_of_the_last_step():
 
 @pytest.fixture
 def training_run(tmp_path):
-    """A local training run directory (as submit made it) with a complete checkpoint step-40 of a small model."""
+    """A local training run directory (as submit made it) with a complete checkpoint step-40 of the recipe's model
+    (tiny pi0.5: the export job refuses weights that do not fit the recipe)."""
+    from embodyhpc.models import build_model
+
     loaded = load_recipe(RECIPE, [f"job.runs_root={tmp_path}", "eval.every_k_checkpoints=1",
                                   "checkpoint.every_steps=20", f"data.root={tmp_path / 'demos'}"])
     run = tmp_path / "demo" / "train-run"
     assert make_run_dir(run)
     start_run(loaded, run, backend="local", python="/venv/bin/python", mlflow_run_id="mlflow-parent")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Linear(5, 2))
+    model = build_model(loaded.config.model, loaded.config.precision)
     optimizer = torch.optim.AdamW(model.parameters())
     with Checkpointer(run / "checkpoints", CheckpointConfig(every_steps=20)) as ckpt:
         ckpt.save(40, model, optimizer, blocking=True)
