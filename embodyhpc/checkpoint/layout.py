@@ -141,7 +141,10 @@ def pin(folder: Path, owner: str | Path) -> bool:
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             return False
-        raise
+        from embodyhpc.checkpoint.errors import NotACheckpointError
+
+        raise NotACheckpointError(f"cannot pin the checkpoint for this evaluation ({exc.strerror or exc})",
+                                  where=str(pins), fix="check that folder (pins/ must be a folder)") from None
     return True
 
 
