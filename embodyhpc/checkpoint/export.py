@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from embodyhpc.checkpoint import layout
@@ -59,7 +60,7 @@ def consolidated_model_state(folder: str | Path) -> dict[str, torch.Tensor]:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
             dcp.load(state, storage_reader=reader, no_dist=True)
-    except Exception as exc:  # DCP wraps each rank's failure in a many-line CheckpointException
+    except (Exception, CheckpointException) as exc:  # a BaseException wrapping each rank's failure, many lines
         last = next((line for line in reversed(str(exc).splitlines()) if line.strip()), type(exc).__name__)
         raise NotACheckpointError(f"its shards cannot be read ({last.strip()[:300]})", where=str(folder),
                                   fix="the checkpoint is damaged: evaluate another step-N folder") from None
