@@ -108,8 +108,20 @@ def test_environment_agreeing_or_extra_is_logged_not_refused(cli, runs_root, mon
 def test_data_synth_rejects_unknown_task_or_env_before_writing(cli, tmp_path):
     result = cli("data", "synth", "--out", str(tmp_path / "ds"), "--tasks", "reach-v3,reach-v9")
     assert result.code == 2 and "unknown MetaWorld tasks ['reach-v9']" in result.err
-    result = cli("data", "synth", "--out", str(tmp_path / "ds"), "--env", "libero")
-    assert result.code == 2 and "--env metaworld" in result.err
+    out = ("data", "synth", "--out", str(tmp_path / "ds"))
+    for args, message in ((("--env", "nope"), "unknown simulator 'nope'"),
+                          (("--env", "libero"), "name the tasks"),
+                          (("--env", "libero", "--tasks", "libero_spatial/0"), "has no scripted expert"),
+                          (("--env", "libero", "--tasks", "libero_99/0", "--policy", "random"), "unknown LIBERO task"),
+                          (("--env", "libero", "--tasks", "libero_spatial/0", "--policy", "god"), "unknown policy"),
+                          (("--env", "libero", "--tasks", "libero_spatial/0", "--option", "bogus=1"), "not an option"),
+                          (("--env", "libero", "--tasks", "libero_spatial/0", "--option", "convention"),
+                           "not an option"),
+                          (("--env", "libero", "--tasks", "libero_spatial/0", "--cameras", "corner"), "cameras"),
+                          (("--env", "pusht", "--tasks", "pusht", "--episodes", "0", "--policy", "random"), ">= 1")):
+        result = cli(*out, *args)
+        assert result.code == 2 and message in result.err and len(result.err.strip().splitlines()) == 1, (args,
+                                                                                                     result.err)
     assert not (tmp_path / "ds").exists()
 
 

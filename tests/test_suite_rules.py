@@ -17,8 +17,6 @@ from tests.helpers import ci_extras, project_extras, require
 TESTS = Path(__file__).resolve().parent
 HELPER = TESTS / "helpers.py"
 IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError"}
-# wt/harden makes sentencepiece a dependency and drops this call; the entry is then dead (delete it after merging)
-PENDING = {("models/test_tokenizer.py", "sentencepiece")}
 
 
 def _called_name(call: ast.Call) -> str:
@@ -41,12 +39,7 @@ def import_skips(source: str, rel: str) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute | ast.Name) and (getattr(node, "attr", None) or getattr(node, "id", None)) \
                 == "importorskip":
-            parent_call = next((c for c in ast.walk(tree) if isinstance(c, ast.Call) and c.func is node), None)
-            module = ""
-            if parent_call and parent_call.args and isinstance(parent_call.args[0], ast.Constant):
-                module = str(parent_call.args[0].value).split(".")[0]
-            if (rel, module) not in PENDING:
-                found.append(f"{rel}:{node.lineno}: importorskip (use tests.helpers.require)")
+            found.append(f"{rel}:{node.lineno}: importorskip (use tests.helpers.require)")
         if isinstance(node, ast.Try):
             for handler in node.handlers:
                 if not _catches_import_error(handler):
