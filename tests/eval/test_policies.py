@@ -1,4 +1,5 @@
-"""The random reference policy, the floor every report reads a trained policy against, on the real suites: it covers
+"""The random reference policy, the floor every report reads a trained policy against, on the real suites (PushT,
+MetaWorld, LIBERO): it covers
 each suite's whole action box (per dimension, uniformly, dimensions independent), never repeats itself, and is
 reproducible from the episode's seed."""
 
@@ -16,15 +17,16 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is imported: CPU rend
 from embodyhpc.eval.policies import RandomPolicy, reference_policies  # noqa: E402
 from embodyhpc.eval.suites import episode_seed, make_suite  # noqa: E402
 
-SUITES = {"pusht": ("gym_pusht", "pusht"), "metaworld": ("metaworld", "reach-v3")}
+SUITES = {"pusht": ("gym_pusht", "sim", "pusht"), "metaworld": ("metaworld", "sim", "reach-v3"),
+          "libero": ("libero.libero", "libero", "libero_spatial/0")}
 NUM_ACTIONS = 4000
 NUM_BINS = 10
 
 
 @pytest.fixture(params=sorted(SUITES), scope="module")
 def suite_task(request):
-    module, task = SUITES[request.param]
-    require(module, "sim")
+    module, extra, task = SUITES[request.param]
+    require(module, extra)
     with make_suite(request.param, [task]) as suite:
         yield suite, task
 
