@@ -1,7 +1,6 @@
 """The random reference policy, the floor every report reads a trained policy against, on the real suites (PushT,
-MetaWorld, LIBERO): it covers
-each suite's whole action box (per dimension, uniformly, dimensions independent), never repeats itself, and is
-reproducible from the episode's seed."""
+MetaWorld, LIBERO): it covers each suite's whole action box (per dimension, uniformly, dimensions independent),
+never repeats itself, and is reproducible from the episode's seed."""
 
 from __future__ import annotations
 
