@@ -32,11 +32,50 @@ def _catches_import_error(handler: ast.ExceptHandler) -> bool:
     return bool(names & (IMPORT_ERRORS | {"Exception", "BaseException"}))
 
 
+def _import_probes(tree: ast.Module) -> set[str]:
+    """Names that say whether a module imports: functions or variables set inside a try that catches ImportError,
+    and variables assigned from importlib's find_spec."""
+    probes: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and any(
+                isinstance(inner, ast.Try) and any(map(_catches_import_error, inner.handlers))
+                for inner in ast.walk(node)):
+            probes.add(node.name)
+        if isinstance(node, ast.Try) and any(map(_catches_import_error, node.handlers)):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Assign):
+                    probes |= {target.id for target in inner.targets if isinstance(target, ast.Name)}
+        if isinstance(node, ast.Assign) and _uses_find_spec(node.value):
+            probes |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+    return probes
+
+
+def _uses_find_spec(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and _called_name(n) == "find_spec" for n in ast.walk(node))
+
+
+def _skips_when_missing(condition: ast.AST, probes: set[str]) -> bool:
+    """A skipif condition true when a module is missing: `not <probe>`, `<probe> is None`, find_spec(...) is None."""
+    if _uses_find_spec(condition):
+        return True
+    if isinstance(condition, ast.UnaryOp) and isinstance(condition.op, ast.Not):
+        operand = condition.operand.func if isinstance(condition.operand, ast.Call) else condition.operand
+        return isinstance(operand, ast.Name) and operand.id in probes
+    if isinstance(condition, ast.Compare) and isinstance(condition.left, ast.Name) and condition.left.id in probes:
+        return any(isinstance(c, ast.Constant) and c.value in (None, False) for c in condition.comparators)
+    return False
+
+
 def import_skips(source: str, rel: str) -> list[str]:
-    """`importorskip` anywhere (called or referenced), and skip calls inside handlers that catch ImportError."""
+    """`importorskip` anywhere (called or referenced), skip calls inside handlers that catch ImportError, and
+    `skipif` conditions that are true when a module is missing."""
     found = []
     tree = ast.parse(source)
+    probes = _import_probes(tree)
     for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _called_name(node) == "skipif" and node.args \
+                and _skips_when_missing(node.args[0], probes):
+            found.append(f"{rel}:{node.lineno}: skipif on a missing module (use tests.helpers.require)")
         if isinstance(node, ast.Attribute | ast.Name) and (getattr(node, "attr", None) or getattr(node, "id", None)) \
                 == "importorskip":
             found.append(f"{rel}:{node.lineno}: importorskip (use tests.helpers.require)")
@@ -69,6 +108,17 @@ def test_no_test_skips_on_an_import_error_outside_the_helper():
     "import pytest\ntry:\n    import h5py\nexcept:\n    pytest.skip('x')\n",
     "import pytest\ntry:\n    import h5py\nexcept Exception:\n    pytest.xfail('x')\n",
     "from pytest import skip\ntry:\n    import h5py\nexcept ImportError:\n    if True:\n        skip('x')\n",
+    "import importlib.util, pytest\n@pytest.mark.skipif(importlib.util.find_spec('h5py') is None, reason='x')\n"
+    "def test_x():\n    pass\n",
+    "import importlib.util, pytest\nHAVE = importlib.util.find_spec('h5py') is not None\n"
+    "@pytest.mark.skipif(not HAVE, reason='x')\ndef test_x():\n    pass\n",
+    "import pytest\ntry:\n    import h5py\n    HAVE_H5PY = True\nexcept ImportError:\n    HAVE_H5PY = False\n"
+    "pytestmark = pytest.mark.skipif(not HAVE_H5PY, reason='x')\n",
+    "import pytest\ndef has_mlflow():\n    try:\n        import mlflow\n    except ImportError:\n"
+    "        return False\n    return True\n@pytest.mark.skipif(not has_mlflow(), reason='x')\ndef test_x():\n"
+    "    pass\n",
+    "import pytest\ntry:\n    import h5py\nexcept ImportError:\n    h5py = None\n"
+    "@pytest.mark.skipif(h5py is None, reason='x')\ndef test_x():\n    pass\n",
 ])
 def test_the_rule_catches_each_form_of_import_skip(source):
     assert import_skips(source, "tests/x.py"), source
@@ -78,6 +128,12 @@ def test_the_rule_catches_each_form_of_import_skip(source):
     "import pytest\n@pytest.mark.gpu\ndef test_x():\n    pytest.skip('backend unavailable')\n",
     "try:\n    import h5py\nexcept ImportError:\n    h5py = None\n",
     "from tests.helpers import require\nh5py = require('h5py', 'data')\n",
+    # skipped when the optional package IS there (tests/models/test_fp8.py: the error path without it)
+    "import pytest\ndef te_available():\n    try:\n        import transformer_engine\n    except ImportError:\n"
+    "        return False\n    return True\n@pytest.mark.skipif(te_available(), reason='x')\ndef test_x():\n"
+    "    pass\n",
+    "import pytest, torch\n@pytest.mark.skipif(not torch.cuda.is_available(), reason='x')\ndef test_x():\n"
+    "    pass\n",
 ])
 def test_the_rule_leaves_other_skips_alone(source):
     assert import_skips(source, "tests/x.py") == []
