@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embodyhpc.checkpoint import layout
+from embodyhpc.checkpoint.integrity import DCP_METADATA, verify_export
 from embodyhpc.config.schema import EvalConfig
 from embodyhpc.errors import UserError
 from embodyhpc.rundir import RESOLVED_YAML, RUN_JSON, RunInfo
@@ -46,6 +47,7 @@ def resolve_source(path: Path) -> EvalSource:
     if (path / RUN_JSON).is_file():  # a run directory: its export
         return resolve_source(path / "export")
     if all((path / name).is_file() for name in EXPORT_FILES):
+        verify_export(path)  # size, header and sha256 against export.json: one line (exit 2) when they differ
         run = path.parent if (path.parent / RUN_JSON).is_file() else None
         return EvalSource(path / "config.yaml", path, None, run, _mlflow_run(run))
     if layout.is_complete(path):
@@ -55,6 +57,10 @@ def resolve_source(path: Path) -> EvalSource:
                    else f"it is not in a {CHECKPOINTS_DIR}/ folder")
             raise UserError(f"a checkpoint outside a run directory ({why})", key="--ckpt", where=str(path),
                             fix="pass the run's export/ folder, or a step-N folder inside a run")
+        metadata = path / DCP_METADATA
+        if not metadata.is_file() or metadata.stat().st_size == 0:
+            raise UserError(f"a damaged checkpoint ({DCP_METADATA} is missing or empty)", key="--ckpt",
+                            where=str(path), fix="evaluate another step-N folder or the run's export/")
         return EvalSource(run / RESOLVED_YAML, None, path, run, _mlflow_run(run))
     if path.name.startswith("step-"):
         raise UserError("an incomplete checkpoint (no .complete marker: the save did not finish)", key="--ckpt",

@@ -93,8 +93,14 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
     for kind in chain_kinds(loaded, eval_only=eval_only):  # a broken template fails before anything exists
         render_job(loaded, kind, Path("/nonexistent-run-dir"), python)
     run_dir = new_run_dir(job.runs_root, job.experiment, job.name)
-    info = start_run(loaded, run_dir, backend=backend, python=python,
-                     mlflow_run_id=mlflow_parent if eval_only else _create_mlflow_run(loaded, run_dir, progress))
+    try:
+        info = start_run(loaded, run_dir, backend=backend, python=python,
+                         mlflow_run_id=mlflow_parent if eval_only else _create_mlflow_run(loaded, run_dir, progress))
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(run_dir, ignore_errors=True)  # no run folder without run.json
+        raise
     progress(f"run directory: {run_dir}")
     return run_chain(loaded, info, progress=progress, eval_only=eval_only)
 

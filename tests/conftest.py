@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import require
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SLURM_CONF = "/tmp/slurm-local/etc/slurm.conf"
 
@@ -146,7 +148,7 @@ def reach_demos(tmp_path_factory) -> Path:
     """MetaWorld reach-v3 expert demonstrations (4 episodes, one 32 px camera) as a LeRobot v3.0 dataset, for tests
     that train the demo recipe's policy for a few steps."""
     os.environ.setdefault("MUJOCO_GL", "egl")
-    pytest.importorskip("metaworld", reason="metaworld is not installed (the `sim` extra)")
+    require("metaworld", "sim")
     from embodyhpc.data.metaworld_demos import generate_demos
 
     root = tmp_path_factory.mktemp("reach-demos") / "reach"

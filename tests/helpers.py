@@ -48,3 +48,49 @@ def drop_modules(*packages: str) -> None:
     for name in list(sys.modules):
         if name.split(".")[0] in packages:
             del sys.modules[name]
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def project_extras() -> frozenset[str]:
+    """The extras pyproject.toml declares ([project.optional-dependencies])."""
+    import tomllib
+
+    return frozenset(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+
+
+def ci_extras() -> frozenset[str]:
+    """The extras `make setup` installs (the Makefile's `-e '.[...]'`): CI has every one of them."""
+    import re
+
+    makefile = REPO_ROOT / "Makefile"
+    found = re.search(r"-e '\.\[([a-z0-9_,-]+)\]'", makefile.read_text())
+    assert found, f"{makefile}: no `pip install -e '.[extras]'` line; tests/helpers.py reads the CI extras from it"
+    return frozenset(found.group(1).split(","))
+
+
+def require(module: str, extra: str):
+    """Import `module` (a dependency from the pyproject extra `extra`) or stop the test.
+
+    Locally a missing module skips loudly (what to install). Under CI=true a module from an extra that
+    `make setup` installs is a FAILURE: a skip would hide a missing part of the project. Modules from extras CI does
+    not install (e.g. `gpu`) skip everywhere, with that reason. The only place tests may skip on an import error
+    (tests/test_suite_rules.py checks it)."""
+    import importlib
+    import os
+
+    import pytest
+
+    if extra not in project_extras():
+        pytest.fail(f"require({module!r}, {extra!r}): pyproject.toml has no extra {extra!r} "
+                    f"(it has {sorted(project_extras())})", pytrace=False)
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        reason = (f"MISSING DEPENDENCY {module!r} ({type(exc).__name__}: {exc}); "
+                  f"install it with: pip install -e '.[{extra}]'")
+        if os.environ.get("CI") == "true" and extra in ci_extras():
+            pytest.fail(f"{reason} — CI installs the [{extra}] extra, so this is a failure, not a skip",
+                        pytrace=False)
+        pytest.skip(reason, allow_module_level=True)

@@ -8,12 +8,13 @@ the optimizer (2x the weights for AdamW) stays on disk. Peak memory: the full mo
     <out_dir>/
         model.safetensors   the model's state_dict (parameter names of the plain, unwrapped module)
         config.yaml         the resolved recipe the weights were trained with, as given
-        export.json         step, source folder, counts: written last, so its presence means the export is whole
+        export.json         step, source folder, counts, size and sha256 of the weights, what they were built
+                            from (embodyhpc.checkpoint.integrity): written last, so its presence means the export
+                            is whole; `load_exported` checks the weights against it before anything uses them
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import warnings
@@ -23,40 +24,102 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from embodyhpc.checkpoint import layout
 from embodyhpc.checkpoint.errors import NotACheckpointError
+from embodyhpc.checkpoint.integrity import (
+    CONFIG_FILE,
+    DCP_METADATA,
+    EXPORT_JSON,
+    REEXPORT,
+    WEIGHTS_FILE,
+    checkpoint_id,
+    safetensors_header,
+    sha256_file,
+    sha256_text,
+    verify_export,
+)
 from embodyhpc.checkpoint.state import MODEL_KEY
 from embodyhpc.rundir import write_json_atomic
 
-WEIGHTS_FILE, CONFIG_FILE, EXPORT_JSON = "model.safetensors", "config.yaml", "export.json"
+__all__ = ["CONFIG_FILE", "EXPORT_JSON", "WEIGHTS_FILE", "built_from", "consolidated_model_state",
+           "export_consolidated", "load_exported", "model_entries"]
 
 
 def consolidated_model_state(folder: str | Path) -> dict[str, torch.Tensor]:
     """The full model state dict of a complete checkpoint folder, in the dtypes it was saved in."""
     folder = Path(folder)
+    reader, entries = _model_entries(folder)
+    prefix = MODEL_KEY + "."
+    state = {prefix + key: torch.empty(size, dtype=dtype) for key, (dtype, size) in entries.items()}
+    # Keys are DCP's flattened names ("model.<fqn>"), which match the flat dict as given. no_dist: one process
+    # reads every shard, no collectives (DCP warns about exactly that when no process group is up).
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+            dcp.load(state, storage_reader=reader, no_dist=True)
+    except (Exception, CheckpointException) as exc:  # a BaseException wrapping each rank's failure, many lines
+        last = next((line for line in reversed(str(exc).splitlines()) if line.strip()), type(exc).__name__)
+        raise NotACheckpointError(f"its shards cannot be read ({last.strip()[:300]})", where=str(folder),
+                                  fix="the checkpoint is damaged: evaluate another step-N folder") from None
+    return {key[len(prefix):]: tensor for key, tensor in state.items()}
+
+
+def model_entries(folder: str | Path) -> dict[str, tuple[torch.dtype, torch.Size]]:
+    """{name: (dtype, shape)} of the model in a complete checkpoint folder, from its metadata alone; refuses a
+    folder whose metadata is missing or unreadable or whose shard files are missing or shorter than it says."""
+    return _model_entries(Path(folder))[1]
+
+
+def _model_entries(folder: Path) -> tuple[FileSystemReader, dict[str, tuple[torch.dtype, torch.Size]]]:
     if not layout.is_complete(folder):
         raise NotACheckpointError(f"no {layout.MARKER} marker: not a complete checkpoint", where=str(folder),
                                   fix="pass a step-N folder that has the marker (checkpoints/latest names one)")
+    if not (folder / DCP_METADATA).is_file():
+        raise NotACheckpointError(f"no {DCP_METADATA} file: not a DCP checkpoint, or a damaged one",
+                                  where=str(folder), fix="evaluate another step-N folder")
     reader = FileSystemReader(folder)
+    try:
+        metadata = reader.read_metadata()
+        items = metadata.state_dict_metadata.items()
+    except Exception as exc:  # a truncated or garbage pickle: any of a dozen exception types
+        raise NotACheckpointError(f"unreadable {DCP_METADATA} ({type(exc).__name__})", where=str(folder),
+                                  fix="the checkpoint is damaged: evaluate another step-N folder") from None
     prefix = MODEL_KEY + "."
-    state: dict[str, torch.Tensor] = {}
-    for key, meta in reader.read_metadata().state_dict_metadata.items():
+    entries: dict[str, tuple[torch.dtype, torch.Size]] = {}
+    for key, meta in items:
         if not key.startswith(prefix):
             continue
         if not isinstance(meta, TensorStorageMetadata):  # e.g. a module's _extra_state: no place in safetensors
             raise NotACheckpointError(f"model entry {key!r} is not a tensor; safetensors holds tensors only",
                                       where=str(folder))
-        state[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
-    if not state:
+        entries[key[len(prefix):]] = (meta.properties.dtype, meta.size)
+    if not entries:
         raise NotACheckpointError(f"no {MODEL_KEY!r} entries in the checkpoint", where=str(folder))
-    # Keys are DCP's flattened names ("model.<fqn>"), which match the flat dict as given. no_dist: one process
-    # reads every shard, no collectives (DCP warns about exactly that when no process group is up).
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        dcp.load(state, storage_reader=reader, no_dist=True)
-    return {key[len(prefix):]: tensor for key, tensor in state.items()}
+    sizes: dict[str, int | None] = {}
+    for index, info in (getattr(metadata, "storage_data", None) or {}).items():
+        if not getattr(index, "fqn", "").startswith(prefix):
+            continue
+        name = info.relative_path
+        if name not in sizes:
+            try:
+                sizes[name] = (folder / name).stat().st_size
+            except OSError:
+                sizes[name] = None
+        if sizes[name] is None or sizes[name] < info.offset + info.length:
+            what = "missing" if sizes[name] is None else f"truncated ({sizes[name]} bytes, needs "
+            what += "" if sizes[name] is None else f"{info.offset + info.length})"
+            raise NotACheckpointError(f"shard file {name} is {what}", where=str(folder),
+                                      fix="the checkpoint is damaged: evaluate another step-N folder")
+    return reader, entries
+
+
+def built_from(folder: str | Path, config_yaml: str) -> dict[str, str]:
+    """The key of an export: the checkpoint folder, what is in it, and the recipe it is exported with."""
+    return {"checkpoint": str(Path(folder).resolve()), "checkpoint_id": checkpoint_id(folder),
+            "config_sha256": sha256_text(config_yaml)}
 
 
 def export_consolidated(folder: str | Path, out_dir: str | Path, *, config_yaml: str,
@@ -85,21 +148,27 @@ def export_consolidated(folder: str | Path, out_dir: str | Path, *, config_yaml:
         "step": step, "source": str(folder.resolve()), "weights": WEIGHTS_FILE, "config": CONFIG_FILE,
         "num_tensors": len(tensors), "num_parameters": sum(t.numel() for t in tensors.values()),
         "dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()}),
-        "bytes": weights.stat().st_size,
+        "bytes": weights.stat().st_size, "sha256": sha256_file(weights), "config_sha256": sha256_text(config_yaml),
+        "tensors": safetensors_header(weights), "built_from": built_from(folder, config_yaml),
     }
     write_json_atomic(out_dir / EXPORT_JSON, summary)
     return weights
 
 
 def load_exported(out_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The weights and the export summary of an export folder (raises if the export is not whole)."""
+    """The weights and the export summary of an export folder, after checking the weights are byte for byte what
+    export.json recorded (integrity.verify_export); every failure is one line (NotACheckpointError)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     out_dir = Path(out_dir)
-    if not (out_dir / EXPORT_JSON).is_file():
-        raise NotACheckpointError(f"no {EXPORT_JSON}: not a finished export", where=str(out_dir),
-                                  fix="run the export again")
-    return load_file(str(out_dir / WEIGHTS_FILE)), json.loads((out_dir / EXPORT_JSON).read_text())
+    summary = verify_export(out_dir)
+    try:
+        weights = load_file(str(out_dir / WEIGHTS_FILE))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise NotACheckpointError(f"unreadable weights ({exc})", where=str(out_dir / WEIGHTS_FILE),
+                                  fix=REEXPORT) from None
+    return weights, summary
 
 
 def _replace_atomically(path: Path, write) -> None:
@@ -111,3 +180,37 @@ def _replace_atomically(path: Path, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_fits(entries: dict[str, tuple[torch.dtype, torch.Size]], model_config: Any, precision: Any = None, *,
+               where: str, built_with: str) -> None:
+    """Refuse weights ({name: (dtype, shape)}) that do not fit the model `model_config` builds: a name missing or
+    extra, a shape that differs (another model size, action_dim, ...), or an integer or bool tensor where the model
+    holds floats (and back). Floating dtypes may differ (a bf16 export of fp32 training loads into fp32). Builds
+    the model on the meta device: no memory, no weights."""
+    from embodyhpc.models import build_model
+
+    with torch.device("meta"):
+        model = build_model(model_config, precision)
+    wanted = {k: (v.dtype, v.shape) for k, v in model.state_dict().items()}
+    missing, extra = sorted(set(wanted) - set(entries)), sorted(set(entries) - set(wanted))
+    shapes = sorted(k for k in set(wanted) & set(entries) if tuple(wanted[k][1]) != tuple(entries[k][1]))
+    kinds = sorted(k for k in set(wanted) & set(entries)
+                   if wanted[k][0].is_floating_point != entries[k][0].is_floating_point)
+    problems = []
+    if shapes:
+        k = shapes[0]
+        problems.append(f"{len(shapes)} shapes differ (e.g. {k}: {tuple(entries[k][1])} here, "
+                        f"{tuple(wanted[k][1])} in the model)")
+    if missing:
+        problems.append(f"{len(missing)} model tensors missing (e.g. {missing[0]})")
+    if extra:
+        problems.append(f"{len(extra)} tensors the model lacks (e.g. {extra[0]})")
+    if kinds:
+        k = kinds[0]
+        problems.append(f"{len(kinds)} dtypes of the wrong kind (e.g. {k}: {entries[k][0]} here, "
+                        f"{wanted[k][0]} in the model)")
+    if problems:
+        raise NotACheckpointError(f"the weights do not fit the model {built_with} builds (model.size="
+                                  f"{getattr(model_config, 'size', '?')}): {'; '.join(problems)}", where=where,
+                                  fix="evaluate with the recipe the weights were trained with")

@@ -21,6 +21,7 @@ an unmarked folder found when no save is in flight is a crash leftover.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -127,12 +128,24 @@ def plan_retention(listing: Listing, keep_latest_k: int, in_flight: int | None =
     return sorted(old_complete + leftovers)
 
 
-def pin(folder: Path, owner: str | Path) -> None:
+def pin(folder: Path, owner: str | Path) -> bool:
     """Keep `folder` from retention until `owner` (an evaluation run directory) unpins it. Written by whoever creates
-    the evaluation (the training job's rank 0, or `embodyhpc eval --ckpt`); removed by its export job."""
+    the evaluation (the training job's rank 0, or `embodyhpc eval --ckpt`); removed by its export job.
+
+    False when the folder cannot be written (a read-only or someone else's checkpoint): it stays unpinned, and the
+    evaluation reads it all the same (its export job writes elsewhere)."""
     pins = folder / PINS_DIR
-    pins.mkdir(exist_ok=True)
-    (pins / _pin_name(owner)).write_text(f"{owner}\n")
+    try:
+        pins.mkdir(exist_ok=True)
+        (pins / _pin_name(owner)).write_text(f"{owner}\n")
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return False
+        from embodyhpc.checkpoint.errors import NotACheckpointError
+
+        raise NotACheckpointError(f"cannot pin the checkpoint for this evaluation ({exc.strerror or exc})",
+                                  where=str(pins), fix="check that folder (pins/ must be a folder)") from None
+    return True
 
 
 def unpin(folder: Path, owner: str | Path) -> None:

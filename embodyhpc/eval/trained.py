@@ -60,7 +60,7 @@ class TrainedPolicy:
                     threads: int | None = None) -> TrainedPolicy:
         import torch
 
-        from embodyhpc.checkpoint.export import CONFIG_FILE, load_exported
+        from embodyhpc.checkpoint.export import CONFIG_FILE, check_fits, load_exported
         from embodyhpc.config.load import load_config_file
         from embodyhpc.data.normalize import StateNormalizer
         from embodyhpc.models import build_model
@@ -68,13 +68,12 @@ class TrainedPolicy:
         if threads:
             torch.set_num_threads(threads)
         export_dir = Path(export_dir)
-        weights, summary = load_exported(export_dir)
+        weights, summary = load_exported(export_dir)  # checked against export.json's size and sha256
         config = load_config_file(export_dir / CONFIG_FILE)
+        check_fits({k: (v.dtype, v.shape) for k, v in weights.items()}, config.model, config.precision,
+                   where=str(export_dir), built_with=str(export_dir / CONFIG_FILE))
         model = build_model(config.model, config.precision)
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        if missing or unexpected:
-            raise RuntimeError(f"{export_dir}: the exported weights do not fit the model the recipe builds "
-                               f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})")
+        model.load_state_dict(weights, strict=True)
         model.float()  # evaluation runs in fp32 on the CPU whatever the training precision was
         normalizer = StateNormalizer.load(export_dir) or StateNormalizer(config.model.state_key, "none")
         dims = read_policy_io(export_dir).get("action_dim") or config.model.action_dim

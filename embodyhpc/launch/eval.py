@@ -40,10 +40,14 @@ def shard_file(run_dir: Path, policy: str, shard: int) -> Path:
 
 def weights_dir(config: Config, run_dir: Path) -> Path | None:
     """The exported weights this evaluation runs: eval.weights (for a run's checkpoints/step-N, where the export job
-    wrote it), else the run's export (None: nothing trained)."""
+    wrote it: the run's exports/step-N, or this evaluation's own export/), else the run's export (None: nothing
+    trained)."""
     if config.eval.weights:
         checkpoint = evaluated_checkpoint(config.eval)
-        return checkpoint_export_dir(checkpoint) if checkpoint is not None else Path(config.eval.weights)
+        if checkpoint is None:
+            return Path(config.eval.weights)
+        own = Path(run_dir) / EXPORT_DIR  # where the export job put it when the run's exports/ could not be used
+        return own if (own / "export.json").is_file() else checkpoint_export_dir(checkpoint)
     if config.data.format == "synthetic":
         return None
     return Path(run_dir) / EXPORT_DIR

@@ -7,14 +7,25 @@ that tell an evaluation how the policy was fed in training (normalization.json, 
 writes them next to its checkpoints when it starts; runs from before that have them in export/). A folder that
 is already whole (export.json present) is not written again. Whatever happens, it then removes this evaluation's
 pin from the checkpoint, so that the training run's retention may delete it later.
+
+Before anything is written the checkpoint must be readable (metadata, shard sizes) and its model must fit the
+model of both the run's recipe and the evaluation's: another model size or action_dim is refused in one line.
+The export is keyed by what it is built from (integrity.built_from: the checkpoint's metadata and marker, and
+the recipe): exports/step-N is reused only when it is whole, unchanged and built from exactly this; it is written
+only when it does not exist yet. Otherwise (an export of something else is there, it is damaged, or the source
+run cannot be written, e.g. a read-only folder) the export goes into the evaluation's own folder, <eval run>/export,
+which the shards then read (launch.eval.weights_dir).
 """
 
 from __future__ import annotations
 
+import errno
 import shutil
 from pathlib import Path
+from typing import Any
 
 from embodyhpc.checkpoint import layout
+from embodyhpc.checkpoint.errors import NotACheckpointError
 from embodyhpc.config.load import load_resolved
 from embodyhpc.data.normalize import NORM_FILE
 from embodyhpc.eval.trained import POLICY_IO_FILE
@@ -28,32 +39,72 @@ SIDE_FILE_DIRS = (CHECKPOINTS_DIR, EXPORT_DIR)  # where a training run keeps the
 
 def export_task(run_dir: str) -> dict:
     run = Path(run_dir)
-    checkpoint = evaluated_checkpoint(load_resolved(run).eval)
+    config = load_resolved(run)
+    checkpoint = evaluated_checkpoint(config.eval)
     if checkpoint is None:
         raise ValueError(f"{run}: eval.weights is not a run's checkpoints/step-N folder; nothing to export")
     try:
-        return export_checkpoint(checkpoint)
+        return export_checkpoint(checkpoint, eval_run=run, eval_config=config)
     finally:
-        layout.unpin(checkpoint, owner=run)
+        try:
+            layout.unpin(checkpoint, owner=run)
+        except OSError as exc:  # a read-only source run: it was never pinned either
+            print(f"export: could not unpin {checkpoint} ({exc.strerror or exc})", flush=True)
 
 
-def export_checkpoint(checkpoint: Path) -> dict:
-    """<run>/checkpoints/step-N -> <run>/exports/step-N (once), with the run's side files."""
-    from embodyhpc.checkpoint.export import EXPORT_JSON, export_consolidated
+_CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
-    out = checkpoint_export_dir(checkpoint)
-    assert out is not None  # evaluated_checkpoint checked the path's shape
+
+def export_checkpoint(checkpoint: Path, *, eval_run: Path | None = None, eval_config: Any = None) -> dict:
+    """<run>/checkpoints/step-N -> <run>/exports/step-N (once, keyed by what it is built from), with the run's side
+    files; into <eval_run>/export where the run's exports/step-N cannot be used (module docstring)."""
+    from embodyhpc.checkpoint.export import EXPORT_JSON, built_from, check_fits, export_consolidated, model_entries
+    from embodyhpc.checkpoint.integrity import verify_export
+    from embodyhpc.config.load import load_config_file
+
+    canonical = checkpoint_export_dir(checkpoint)
+    assert canonical is not None  # evaluated_checkpoint checked the path's shape
     source_run = checkpoint.parent.parent
-    written = not (out / EXPORT_JSON).is_file()
-    if written:
-        print(f"export: {checkpoint} -> {out}", flush=True)
-        export_consolidated(checkpoint, out, config_yaml=(source_run / RESOLVED_YAML).read_text())
+    config_yaml = (source_run / RESOLVED_YAML).read_text()
+    entries = model_entries(checkpoint)
+    source_config = load_config_file(source_run / RESOLVED_YAML)
+    check_fits(entries, source_config.model, source_config.precision, where=str(checkpoint),
+               built_with=str(source_run / RESOLVED_YAML))
+    if eval_config is not None and eval_run is not None:
+        check_fits(entries, eval_config.model, eval_config.precision, where=str(checkpoint),
+                   built_with=f"this evaluation's recipe ({eval_run / RESOLVED_YAML})")
+    key = built_from(checkpoint, config_yaml)
+    own = eval_run / EXPORT_DIR if eval_run is not None else None
+    out, written, why = canonical, False, ""
+    if (canonical / EXPORT_JSON).is_file():
+        try:
+            verify_export(canonical, expect_built_from=key)
+        except NotACheckpointError as exc:
+            why = f"{canonical} cannot be reused ({exc.one_line()})"
     else:
+        try:
+            print(f"export: {checkpoint} -> {canonical}", flush=True)
+            export_consolidated(checkpoint, canonical, config_yaml=config_yaml)
+            written = True
+        except OSError as exc:
+            if exc.errno not in _CANNOT_WRITE:
+                raise
+            why = f"cannot write {canonical} ({exc.strerror})"
+    if why:
+        if own is None:
+            raise NotACheckpointError(why, fix="evaluate it through `embodyhpc eval --ckpt`, which exports into "
+                                      "the evaluation's own folder")
+        print(f"export: {why}; exporting into this evaluation's folder: {own}", flush=True)
+        out = own
+        export_consolidated(checkpoint, out, config_yaml=config_yaml)
+        written = True
+    elif not written:
         print(f"export: {out} is already whole", flush=True)
     copied = []
-    for name in SIDE_FILES:
-        found = next((source_run / d / name for d in SIDE_FILE_DIRS if (source_run / d / name).is_file()), None)
-        if found is not None:
-            shutil.copy2(found, out / name)
-            copied.append(name)
+    if written:
+        for name in SIDE_FILES:
+            found = next((source_run / d / name for d in SIDE_FILE_DIRS if (source_run / d / name).is_file()), None)
+            if found is not None:
+                shutil.copy2(found, out / name)
+                copied.append(name)
     return {"checkpoint": str(checkpoint), "export": str(out), "written": written, "side_files": copied}

@@ -10,8 +10,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from embodyhpc.data import DatasetError, HDF5EpisodeDataset, detect_format, open_dataset
+from tests.helpers import require
 
-h5py = pytest.importorskip("h5py")  # only HDF5 users need it
+h5py = require("h5py", "data")
 
 LENGTHS = {"demo_0": 5, "demo_2": 4, "demo_10": 7}  # demo_10 sorts after demo_2
 

@@ -9,8 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from tests.helpers import require
+
 os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is imported: CPU rendering through Mesa's llvmpipe
-pytest.importorskip("metaworld", reason="metaworld is not installed (pip install metaworld==3.1.1 packaging)")
+require("metaworld", "sim")
 
 from embodyhpc.data import open_dataset  # noqa: E402
 from embodyhpc.data.metaworld_demos import (  # noqa: E402
@@ -21,7 +23,7 @@ from embodyhpc.data.metaworld_demos import (  # noqa: E402
     instruction_for,
     make_env,
 )
-from embodyhpc.errors import UserError
+from embodyhpc.errors import UserError  # noqa: E402
 
 TASK = "reach-v3"  # the expert succeeds in 34-54 steps: short episodes keep this module fast
 SIZE = 64

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("matplotlib", reason="matplotlib is not installed (the [track] extra)")
+from tests.helpers import require
+
+require("matplotlib", "track")
 
 from embodyhpc.eval.aggregate import aggregate  # noqa: E402
 from embodyhpc.eval.plots import plot_success_vs_step, plot_task_bars  # noqa: E402

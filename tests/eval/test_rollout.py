@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+from tests.helpers import require
+
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 from embodyhpc.eval.aggregate import aggregate, load_records  # noqa: E402
@@ -124,7 +126,7 @@ def test_a_failing_shard_leaves_no_shard_file(tmp_path):
 
 
 def test_metaworld_expert_shard_with_video(tmp_path):
-    pytest.importorskip("metaworld", reason="metaworld is not installed")
+    require("metaworld", "sim")
     from embodyhpc.eval.policies import ExpertPolicy
     from embodyhpc.eval.suites import make_suite
 

@@ -8,6 +8,8 @@ import os
 import numpy as np
 import pytest
 
+from tests.helpers import require
+
 os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is imported: CPU rendering through Mesa's llvmpipe
 
 from embodyhpc.eval.policies import ExpertPolicy, RandomPolicy, reference_policies  # noqa: E402
@@ -16,7 +18,7 @@ from embodyhpc.eval.shards import Episode  # noqa: E402
 from embodyhpc.eval.suites import EvalEnv, Suite, make_suite  # noqa: E402
 
 TASK = "reach-v3"
-pytest.importorskip("metaworld", reason="metaworld is not installed (pip install metaworld==3.1.1 packaging)")
+require("metaworld", "sim")
 from embodyhpc.data import metaworld_demos  # noqa: E402
 
 
@@ -128,3 +130,37 @@ def test_observations_match_the_demo_dataset(tmp_path):
     assert obs["observation.images.corner"].std() > 5  # a rendered scene, not a blank buffer
 
 
+
+
+@pytest.mark.parametrize("episode", range(3))
+def test_reach_success_flag_follows_the_hand_to_goal_distance(state_suite, episode):
+    """reach-v3 succeeds when the gripper is within 5 cm of the goal (MetaWorld's criterion). Along an expert run
+    that goes on past success, the suite's flag is False at every step with the hand (observation[:3]; the
+    gripper's centre is ~1.5 cm from it) farther than 8 cm from the goal (observation[-3:]) and True at every step
+    closer than 2 cm; there are steps of both kinds."""
+    policy = ExpertPolicy(state_suite)
+    policy.reset(TASK, 0)
+    env = state_suite.make_env(TASK, 0, episode)
+    far, near = [], []
+    try:
+        obs = env.reset()
+        for _ in range(150):
+            obs, _, success, _ = env.step(policy.act(obs))
+            state = obs["observation.environment_state"]
+            distance = float(np.linalg.norm(state[:3] - state[-3:]))
+            (far if distance > 0.08 else near if distance < 0.02 else []).append(success)
+    finally:
+        env.close()
+    assert len(far) >= 5 and len(near) >= 5, (len(far), len(near))
+    assert not any(far) and all(near)
+
+
+def test_reach_success_is_not_reported_for_an_idle_hand(state_suite):
+    """Holding still (zero action) from the start never reaches the goal: no step reports success."""
+    env = state_suite.make_env(TASK, 0, 0)
+    try:
+        env.reset()
+        flags = [env.step(np.zeros(4, dtype=np.float32))[2] for _ in range(50)]
+    finally:
+        env.close()
+    assert not any(flags)

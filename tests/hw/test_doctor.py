@@ -11,6 +11,7 @@ import pytest
 from embodyhpc.config.network import NetworkConfig
 from embodyhpc.errors import UserError
 from embodyhpc.hw import DoctorOptions, NoGpuBackend, Status, nodes_to_exclude, open_gpu_backend, run_doctor
+from tests.helpers import require
 from tests.hw import fake_sysfs as fs
 from tests.hw import nvml_stub
 from tests.hw.nvml_stub import make_nvml
@@ -136,7 +137,7 @@ def test_default_backend_is_nvml_and_is_closed(node, monkeypatch):
 
 
 def test_versions_check_flags_cpu_torch_on_a_gpu_node(node):
-    pytest.importorskip("torch")
+    require("torch", "train")
     _, options = node
     report = run_doctor(options(probe_torch=True), gpu_backend=_gpus(nvml_stub.healthy(8)), environ=NODE)
     versions = [c for c in report.checks if c.name == "versions"][0]

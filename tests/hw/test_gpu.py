@@ -18,6 +18,7 @@ from embodyhpc.hw.gpu import (
     open_gpu_backend,
 )
 from embodyhpc.hw.nvml import NvmlBackend
+from tests.helpers import require
 from tests.hw import nvml_stub
 from tests.hw.nvml_stub import FakeGpu, make_nvml
 
@@ -176,7 +177,7 @@ def test_importing_the_package_loads_neither_torch_nor_pynvml():
 
 def test_stub_and_constants_match_the_real_nvidia_ml_py():
     """Guards the stub and our bit table against the installed nvidia-ml-py (skipped when absent)."""
-    pynvml = pytest.importorskip("pynvml")
+    pynvml = require("pynvml", "gpu")
     for name, value in nvml_stub.CONSTANTS.items():
         assert getattr(pynvml, name) == value, name
     for name in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_LIBRARY_NOT_FOUND",

@@ -8,6 +8,7 @@ import types
 import pytest
 
 from embodyhpc.hw.versions import exported_nccl_env, torch_versions
+from tests.helpers import require
 
 
 def test_exported_variables_are_filtered_and_sorted():
@@ -19,7 +20,7 @@ def test_exported_variables_are_filtered_and_sorted():
 
 
 def test_cpu_torch_has_no_nccl():
-    torch = pytest.importorskip("torch")
+    torch = require("torch", "train")
     if torch.version.cuda:
         pytest.skip("a CUDA build of torch")
     assert torch_versions() == {"torch": torch.__version__, "cuda": "n/a", "nccl": "n/a"}

@@ -8,15 +8,13 @@ import json
 import pytest
 import torch
 
-from embodyhpc.checkpoint import Checkpointer, layout
+from embodyhpc.checkpoint import layout
 from embodyhpc.config.load import load_recipe, load_resolved
-from embodyhpc.config.schema import CheckpointConfig
 from embodyhpc.launch import checkpoint_eval
 from embodyhpc.launch.export import export_task
-from embodyhpc.rundir import RunInfo, make_run_dir
+from embodyhpc.rundir import RunInfo
 from embodyhpc.slurm.executor import without_job_environment
 from embodyhpc.slurm.render import chain_kinds
-from embodyhpc.submit import start_run
 
 RECIPE = "recipes/demo_metaworld_cpu.yaml"
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -33,24 +31,6 @@ def test_every_kth_periodic_checkpoint_short_of_the_last_step():
     config = _config("eval.every_k_checkpoints=1", "eval.enabled=false")
     assert not any(checkpoint_eval.evaluates_step(config, s) for s in range(1, 1001))
     assert checkpoint_eval.hook("/run", _config()) is None  # nothing to do: the loop gets no hook
-
-
-@pytest.fixture
-def training_run(tmp_path):
-    """A local training run directory (as submit made it) with a complete checkpoint step-40 of a small model."""
-    loaded = load_recipe(RECIPE, [f"job.runs_root={tmp_path}", "eval.every_k_checkpoints=1",
-                                  "checkpoint.every_steps=20", f"data.root={tmp_path / 'demos'}"])
-    run = tmp_path / "demo" / "train-run"
-    assert make_run_dir(run)
-    start_run(loaded, run, backend="local", python="/venv/bin/python", mlflow_run_id="mlflow-parent")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Linear(5, 2))
-    optimizer = torch.optim.AdamW(model.parameters())
-    with Checkpointer(run / "checkpoints", CheckpointConfig(every_steps=20)) as ckpt:
-        ckpt.save(40, model, optimizer, blocking=True)
-    for name in ("normalization.json", "policy_io.json"):  # what the training loop writes next to checkpoints
-        (run / "checkpoints" / name).write_text(json.dumps({"file": name}))
-    return run, model
 
 
 def test_a_requested_evaluation_is_a_run_of_its_own_that_pins_the_checkpoint(training_run):

@@ -8,10 +8,9 @@ from embodyhpc.evaluate import resolve_source
 
 
 def _export(folder):
-    folder.mkdir(parents=True)
-    for name in ("export.json", "config.yaml", "model.safetensors"):
-        (folder / name).write_text("{}")
-    return folder
+    from tests.exports import make_export
+
+    return make_export(folder)
 
 
 def _run(tmp_path, mlflow_run_id="abc123"):
@@ -34,9 +33,9 @@ def test_export_folder_of_a_run_attaches_to_its_mlflow_run(tmp_path):
 
 def test_complete_checkpoint_uses_the_run_recipe(tmp_path):
     run = _run(tmp_path)
-    step = run / "checkpoints" / "step-40"
-    step.mkdir(parents=True)
-    (step / ".complete").write_text("{}")
+    from tests.exports import save_checkpoint, small_model
+
+    step = save_checkpoint(run / "checkpoints", small_model())
     source = resolve_source(step)
     assert source.weights is None and source.checkpoint == step and source.config_path == run / "resolved.yaml"
     assert source.source_run == run and source.mlflow_parent == "abc123"

@@ -18,8 +18,9 @@ from embodyhpc.errors import ConfigError
 from embodyhpc.models import build_model, build_tokenizer
 from embodyhpc.models.fp8 import convert_to_fp8, count_fp8_linears, fp8_autocast, fp8_linear_filter
 from embodyhpc.models.pi05 import Pi05Sample, collate
+from tests.helpers import require
 
-pytest.importorskip("torchao", reason="the torchao fp8 backend needs torchao (pip install torchao)")
+require("torchao", "fp8")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
 FP8 = PrecisionConfig(mode="fp8", fp8_backend="torchao", fp8_recipe="current")

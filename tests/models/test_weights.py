@@ -17,6 +17,7 @@ from embodyhpc.models.pi05.weights import (
     save_pi05_weights,
     to_published,
 )
+from tests.helpers import require
 from tests.models.conftest import ACTION_DIM, HORIZON
 
 V = "paligemma_with_expert.paligemma.model.vision_tower.vision_model."
@@ -210,7 +211,7 @@ def test_loaded_weights_keep_the_model_function(tiny_cfg, tmp_path) -> None:
 
 def test_fp8_converted_models_save_and_load(tmp_path) -> None:
     """torchao wraps float8-trained weights in a tensor subclass; the files hold plain tensors all the same."""
-    pytest.importorskip("torchao.float8")
+    require("torchao.float8", "fp8")
     from embodyhpc.config.schema import PrecisionConfig
 
     cfg = ModelConfig(size="tiny", action_horizon=HORIZON, action_dim=ACTION_DIM)

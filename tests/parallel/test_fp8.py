@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers import require
 from tests.parallel import workers
 from tests.parallel.harness import run_ranks
 
-pytest.importorskip("torchao", reason="the torchao fp8 backend needs torchao (pip install torchao)")
+require("torchao", "fp8")
 
 # the first losses come from identical weights: float8 rounding of the matmul inputs moves them ~1%
 # (tests/models/test_fp8.py measured 0.3-1.4% per step on this model)

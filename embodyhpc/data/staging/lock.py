@@ -14,6 +14,19 @@ from embodyhpc.data.staging.manifest import CONTROL_PREFIX
 LOCK_NAME = CONTROL_PREFIX + ".lock"
 
 
+class LockReplacedError(StagingError):
+    """The lock file this run waited on was removed (a failed first run cleaned up its folder): retry."""
+
+
+def _still_linked(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
 @contextmanager
 def dest_lock(dest: Path, *, exclusive: bool, announce: Callable[[str], None] | None = None) -> Iterator[None]:
     """flock on DEST/.embodyhpc-stage.lock: exclusive for staging, shared for verification.
@@ -38,6 +51,9 @@ def dest_lock(dest: Path, *, exclusive: bool, announce: Callable[[str], None] | 
             if announce is not None:
                 announce(f"stage: waiting for another staging run into {dest} to finish")
             fcntl.flock(fd, mode)
+        if exclusive and not _still_linked(fd, path):
+            raise LockReplacedError("the staging run before this one removed the folder while this run waited",
+                                    where=str(dest), fix="stage again")
         yield
     finally:
         os.close(fd)

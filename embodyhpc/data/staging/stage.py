@@ -44,7 +44,7 @@ from pathlib import Path
 from embodyhpc.data.staging import manifest as manifest_module
 from embodyhpc.data.staging import transfer
 from embodyhpc.data.staging.errors import NotEnoughSpaceError, StageInputError, StagingError
-from embodyhpc.data.staging.lock import dest_lock
+from embodyhpc.data.staging.lock import LOCK_NAME, LockReplacedError, dest_lock
 from embodyhpc.data.staging.manifest import (
     CONTROL_PREFIX,
     MANIFEST_NAME,
@@ -146,18 +146,26 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, workers: int = 8, 
     if workers < 1:
         raise StageInputError(f"workers must be at least 1, got {workers}", key="staging.copy_workers",
                               fix="use 8 or more on a parallel filesystem")
-    try:
-        dest_path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StagingError(f"cannot create the destination folder ({exc.strerror})", where=str(dest_path),
-                           fix="pick a writable node-local folder (staging.nvme_dir)") from exc
     gc_was_enabled = gc.isenabled()
     gc.disable()  # tens of thousands of small records and no cycles: collections would only cost time
     try:
-        with dest_lock(dest_path, exclusive=True, announce=_print_stderr if progress else None), \
-                ThreadPoolExecutor(workers, thread_name_prefix="embodyhpc-stage") as pool, \
-                ThreadPoolExecutor(1, thread_name_prefix="embodyhpc-stage-small") as serial:
-            result = _StageRun(str(src_path), str(dest_path), pool, workers, progress, serial).run(mode, start)
+        for attempt in range(_LOCK_ATTEMPTS):
+            created = _make_dest(dest_path)
+            lock_was_there = (dest_path / LOCK_NAME).exists()
+            try:
+                with dest_lock(dest_path, exclusive=True, announce=_print_stderr if progress else None):
+                    try:
+                        with ThreadPoolExecutor(workers, thread_name_prefix="embodyhpc-stage") as pool, \
+                                ThreadPoolExecutor(1, thread_name_prefix="embodyhpc-stage-small") as serial:
+                            result = _StageRun(str(src_path), str(dest_path), pool, workers, progress,
+                                               serial).run(mode, start)
+                    except BaseException:
+                        _undo_unstaged_dest(dest_path, created=created, lock_was_there=lock_was_there)
+                        raise
+                break
+            except LockReplacedError:
+                if attempt == _LOCK_ATTEMPTS - 1:
+                    raise
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -188,7 +196,7 @@ class _StageRun:
     def run(self, mode: str, start: float) -> StageResult:
         previous = self._previous_manifest()
         chunk_bytes = manifest_module.CHUNK_BYTES
-        src_files, src_dirs, self.fast_stats = scan_source(self.src, self.pool)
+        src_files, src_dirs, self.fast_stats = scan_source(self.src, self.pool, self.dest)
         dest_files, dest_dirs = scan_dest(self.dest)
         # entries describe this source's files only if made from it with the same hash leaves
         trusted = previous is not None and previous.source == self.src and previous.chunk_bytes == chunk_bytes
@@ -402,6 +410,48 @@ def check_free_space(dest: str, plan: Plan) -> None:
             f"in {len(plan.to_copy)} files, plus a margin of {format_bytes(needed - allocated)}), "
             f"{format_bytes(available)} available; nothing was copied", where=dest,
             fix="free space on that filesystem or stage to a bigger one (staging.nvme_dir)")
+
+
+_LOCK_ATTEMPTS = 5
+"""A run waiting on the lock retries when the run before it removed the folder it was waiting in."""
+
+
+def _make_dest(dest: Path) -> list[Path]:
+    """Create DEST and its missing parents; the folders this call created, DEST first (empty: DEST was there)."""
+    missing = []
+    for folder in (dest, *dest.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    try:
+        dest.mkdir(parents=True)
+    except FileExistsError:
+        return []  # another run made it in the meantime: it is theirs
+    except OSError as exc:
+        raise StagingError(f"cannot create the destination folder ({exc.strerror})", where=str(dest),
+                           fix="pick a writable node-local folder (staging.nvme_dir)") from exc
+    return missing
+
+
+def _undo_unstaged_dest(dest: Path, *, created: list[Path], lock_was_there: bool) -> None:
+    """After a run that failed before recording anything (no manifest): leave DEST as it was found.
+
+    A folder this run created goes (with the lock file and any partial copy in it), and so do the parents it
+    created while they are empty, so a refused source leaves no empty destination behind; in a folder that was
+    there, only a lock file this run created goes. Called with the lock held: a run waiting on it notices the lock
+    file is gone (LockReplacedError) and starts over. Once a manifest exists the folder is a resumable staged copy
+    and stays."""
+    if manifest_path(dest).exists():
+        return
+    try:
+        if created:
+            shutil.rmtree(dest)
+            for parent in created[1:]:
+                parent.rmdir()  # only while empty: another run may be using it by now
+        elif not lock_was_there:
+            (dest / LOCK_NAME).unlink(missing_ok=True)
+    except OSError:
+        pass  # best effort: the error that brought us here is the one to report
 
 
 def _check_paths(src: str | os.PathLike, dest: str | os.PathLike) -> tuple[Path, Path]:

@@ -2,14 +2,25 @@
 
 Paths are relative, '/'-separated strings. The source is read through symlinks (a dataset folder of links
 to blobs stages as plain files); the destination is read without following them (staging owns its contents).
+
+What the source may link to (`check_source_link`), each refusal a one-line StageInputError (exit code 2) raised
+while listing, before anything is copied:
+- a regular file anywhere (the blob layout of a hub cache: snapshots/<rev>/x -> ../../blobs/<hash>);
+- a folder inside the source (links that leave it would copy trees nobody asked for: a home, a filesystem root);
+- never the destination, anything inside it, or a folder holding it: staging would copy its own output (nested
+  link/link/... copies and its lock file);
+- never a loop, a missing target, a kernel pseudo-file (/proc, /sys, /dev) or a special file.
+Special files in the source itself (fifos, sockets, devices) are refused too: reading a fifo blocks forever, and
+a dataset that names one would fail later, on the node.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -70,11 +81,12 @@ class Plan:
         return sum(f.size for f in self.to_copy)
 
 
-def _walk(root: str, *, follow_symlinks: bool) -> Iterator[tuple[str, str, os.DirEntry]]:
+def _walk(root: str, *, follow_symlinks: bool,
+          check_link: Callable[[os.DirEntry], None] | None = None) -> Iterator[tuple[str, str, os.DirEntry]]:
     """(kind, relative path, entry) for every entry under root; kind is "dir", "file" or "other".
 
     Staging's own entries at the top (CONTROL_PREFIX...) are left out. A symlink to a folder that contains
-    it is refused rather than followed forever.
+    it is refused rather than followed forever; when following links, `check_link` sees every symlink first.
     """
     root_st = os.stat(root)
     stack: list[tuple[str, str, frozenset]] = [("", root, frozenset({(root_st.st_dev, root_st.st_ino)}))]
@@ -85,6 +97,8 @@ def _walk(root: str, *, follow_symlinks: bool) -> Iterator[tuple[str, str, os.Di
                 if not rel_dir and entry.name.startswith(CONTROL_PREFIX):
                     continue
                 rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                if follow_symlinks and check_link is not None and entry.is_symlink():
+                    check_link(entry)
                 if entry.is_dir(follow_symlinks=follow_symlinks):
                     yield "dir", rel, entry
                     inner = parents
@@ -109,11 +123,62 @@ class SourceListing(NamedTuple):
     Python's GIL serialises, so more threads only add hand-offs."""
 
 
-def scan_source(src: str, pool: Executor) -> SourceListing:
-    """The source's files (with size, mtime, mode) and folders; stats run in parallel batches where slow."""
+_PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
+"""Kernel pseudo-filesystems: their "files" report sizes that are not their contents (or are devices)."""
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def check_source_link(entry: os.DirEntry, src: str, dest: str | None) -> None:
+    """Refuse a symlink of the source that staging must not follow (module docstring); `src` and `dest` are
+    real paths (symlinks resolved)."""
+    target = os.path.realpath(entry.path)  # resolves as far as it can, also for a link into a DEST not made yet
+    if dest is not None and (_inside(target, dest) or _inside(dest, target)):
+        raise StageInputError(f"symlink to the staging destination {dest} (or a folder holding it): staging would "
+                              "copy its own output", where=entry.path,
+                              fix="remove the link from the dataset or stage to another folder")
+    try:
+        st = os.stat(entry.path)  # follows the whole chain
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StageInputError("symlink loop: this link resolves to itself", where=entry.path,
+                                  fix="remove the link") from None
+        raise StageInputError("broken symlink in the dataset", where=entry.path,
+                              fix="repair or remove the link; training would fail on it") from None
+    if any(_inside(target, root) for root in _PSEUDO_ROOTS):
+        raise StageInputError(f"symlink to the kernel pseudo-file {target}, not dataset content", where=entry.path,
+                              fix="remove the link")
+    if stat.S_ISDIR(st.st_mode) and not _inside(target, src):
+        raise StageInputError(f"symlink to the folder {target}, outside the dataset: staging follows folder links "
+                              "only within the dataset", where=entry.path,
+                              fix="copy that folder into the dataset, or stage it on its own")
+    if not stat.S_ISDIR(st.st_mode) and not stat.S_ISREG(st.st_mode):
+        raise StageInputError(f"symlink to a {_special_kind(st.st_mode)} ({target}), not a dataset file",
+                              where=entry.path, fix="remove the link")
+
+
+def _special_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def scan_source(src: str, pool: Executor, dest: str | None = None) -> SourceListing:
+    """The source's files (with size, mtime, mode) and folders; stats run in parallel batches where slow.
+    `dest`: the staging destination, which no link of the source may reach."""
     dirs: list[str] = []
     entries: list[tuple[str, os.DirEntry]] = []
-    for kind, rel, entry in _walk(src, follow_symlinks=True):
+    real_src = os.path.realpath(src)
+    real_dest = os.path.realpath(dest) if dest is not None else None
+
+    def check_link(entry: os.DirEntry) -> None:
+        check_source_link(entry, real_src, real_dest)
+
+    for kind, rel, entry in _walk(src, follow_symlinks=True, check_link=check_link):
         if kind == "dir":
             dirs.append(rel)
         elif kind == "file":
@@ -121,10 +186,10 @@ def scan_source(src: str, pool: Executor) -> SourceListing:
                 raise StageInputError(f"file names ending in {PARTIAL_SUFFIX} are reserved for copies in progress",
                                       where=entry.path, fix="rename the file")
             entries.append((rel, entry))
-        elif entry.is_symlink():
-            raise StageInputError("broken symlink in the dataset", where=entry.path,
-                                  fix="repair or remove the link; training would fail on it")
-        # sockets, fifos and devices are not dataset files: skipped
+        else:  # links were checked by check_link: this is a fifo, socket or device in the dataset itself
+            kind_name = _special_kind(entry.stat(follow_symlinks=False).st_mode)
+            raise StageInputError(f"a {kind_name} in the dataset, not a file staging can copy", where=entry.path,
+                                  fix="remove it from the dataset folder")
 
     def stat_batch(batch: list[tuple[str, os.DirEntry]]) -> list[SourceFile]:
         out = []
