@@ -86,15 +86,11 @@ def test_one_of_three_shards_failing_exits_1(cli, runs_root, broken_metaworld):
     assert statuses(cli, run_dir_from(result.out))["eval"]["array_counts"] == {"COMPLETED": 2, "FAILED": 1}
 
 
-def test_eval_local_with_failing_shards_exits_1(cli, runs_root, tmp_path):
-    from embodyhpc.config.load import load_recipe
-
-    export = tmp_path / "export"  # weights that cannot be loaded: every shard fails on them
-    export.mkdir()
-    (export / "config.yaml").write_text(load_recipe(DEMO).to_yaml())
-    (export / "export.json").write_text("{}")
-    (export / "model.safetensors").write_bytes(b"\x00" * 64)
-    result = cli("eval", "--ckpt", str(export), "--local", f"job.runs_root={runs_root}", *TINY)
+def test_eval_local_with_failing_shards_exits_1(cli, training_run, broken_metaworld):
+    run, _ = training_run  # a checkpoint of the recipe's model: export and its checks pass, the shards then fail
+    broken_metaworld(8)
+    result = cli("eval", "--ckpt", str(run / "checkpoints" / "step-40"), "--local", "eval.shards=3",
+                 "eval.episodes_per_task=1", "eval.max_steps=5", "eval.reference_policies=[]")
     assert result.code == 1
     assert "0 of 3 shards completed" in _one_line_error(result)
 
