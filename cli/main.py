@@ -34,10 +34,10 @@ RunDir = Annotated[Path, typer.Argument(help="Run directory printed by `embodyhp
 AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
-def _load(recipe: str, overrides: list[str] | None, site: str | None):
+def _load(recipe: str, overrides: list[str] | None, site: str | None, **options):
     from embodyhpc.config.load import load_recipe
 
-    return load_recipe(recipe, overrides or [], site=site)
+    return load_recipe(recipe, overrides or [], site=site, **options)
 
 
 def _python(loaded) -> str:
@@ -150,7 +150,10 @@ def eval_cmd(
     source = evaluate.resolve_source(ckpt)
     extra = [f"eval.suite={suite}"] if suite else []
     weights = source.weights or source.checkpoint  # a checkpoint: the chain exports it first
-    loaded = _load(str(source.config_path), [*extra, f"eval.weights={weights}", *(overrides or [])], site)
+    # the weights' config may come from someone else: its site-only keys (python, templates, container) are
+    # dropped, and the site profile given now supplies them
+    loaded = _load(str(source.config_path), [*extra, f"eval.weights={weights}", *(overrides or [])], site,
+                   recipe_site_keys="drop")
     if source.mlflow_parent:
         say(f"attaching to MLflow run {source.mlflow_parent} of {source.source_run}")
     info = submitting.submit(loaded, _python(loaded), local=local, progress=say, eval_only=True,

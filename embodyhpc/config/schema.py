@@ -25,10 +25,8 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         for key in ("name", "experiment"):
-            value = getattr(self, key)
-            if not value or "/" in value or value in (".", ".."):
-                raise ConfigError(f"{value!r} must be a non-empty name without '/'",
-                                         key=f"job.{key}")
+            checks.path_name(f"job.{key}", getattr(self, key))
+        checks.runs_root("job.runs_root", self.runs_root)
 
 
 @dataclass(frozen=True)
@@ -349,6 +347,9 @@ class TrackingConfig:
     """Each node samples its GPUs and host (utilisation, memory, power, temperature, throttling) into the training
     run every this many seconds; 0 turns it off."""
 
+    def __post_init__(self) -> None:
+        checks.positive("tracking.telemetry_interval_s", self.telemetry_interval_s, allow_zero=True)
+
 
 @dataclass(frozen=True)
 class ContainerConfig:
@@ -385,11 +386,17 @@ class SiteConfig:
     templates_dir: str | None = None
     """Folder of admin-adapted sbatch templates that replace the shipped ones (same names)."""
     extra_sbatch: dict[str, str] = field(default_factory=dict)
-    """Further #SBATCH options for every job, e.g. {reservation: myres}."""
+    """Further #SBATCH options for every job, e.g. {reservation: myres}. Options embodyhpc sets itself (output,
+    signal, array, job-name, dependency, ...) are refused: a second #SBATCH line would silently win."""
+    secrets: list[str] = field(default_factory=list)
+    """Environment variables that hold secrets (e.g. [HF_TOKEN, WANDB_API_KEY]): jobs inherit them from the
+    environment `embodyhpc submit` runs in (sbatch exports it); their values are never written to resolved.yaml,
+    MLflow, logs or scripts. `submit` warns about one that is not set."""
 
     def __post_init__(self) -> None:
         checks.choice("site.gpu_request", self.gpu_request, ("gpus-per-node", "gres", "none"))
         checks.env_names("site.env", dict(self.env))
+        checks.env_names("site.secrets", {name: "" for name in self.secrets})
         checks.sbatch_options("site.extra_sbatch", dict(self.extra_sbatch))
 
 
