@@ -28,7 +28,25 @@ def default_run_dir(job: JobConfig) -> Path:
     return root / job.experiment / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def dry_run(loaded: LoadedRecipe, python: str) -> str:
+def preflight(loaded: LoadedRecipe, python: str, *, submitting: bool, eval_only: bool = False) -> list[str]:
+    """What validate, render, --dry-run and submit all check before anything exists: the paths jobs will read
+    (config/paths.py) and every template of the chain (a broken or refused template fails here, as in render).
+    Returns warnings; errors raise ConfigError."""
+    from embodyhpc.config.paths import check_paths
+
+    warnings = check_paths(loaded, submitting=submitting)
+    for kind in chain_kinds(loaded, eval_only=eval_only):
+        render_job(loaded, kind, Path("/nonexistent-run-dir"), python)
+    return warnings
+
+
+def dry_run(loaded: LoadedRecipe, python: str, progress: Progress = print) -> str:
+    """The scripts submit would hand to sbatch, after the checks submit makes (environment, paths, templates)."""
+    import os
+
+    check_environment(loaded, dict(os.environ), progress)
+    for warning in preflight(loaded, python, submitting=True):
+        progress(f"warning: {warning}")
     run_dir = default_run_dir(loaded.config.job)
     kinds = chain_kinds(loaded)
     deps = {"train": "", "eval": "--dependency=afterok:<train> --kill-on-invalid-dep=yes ",
@@ -58,6 +76,10 @@ def check_environment(loaded: LoadedRecipe, environ: dict[str, str], progress: P
     inherited = {k: v for k, v in exported_nccl_env(environ).items() if k not in network.environment()}
     if inherited:
         progress("note: jobs inherit from your environment " + ", ".join(f"{k}={v}" for k, v in inherited.items()))
+    unset = [name for name in loaded.config.site.secrets if not environ.get(name)]
+    if unset:
+        progress(f"warning: site.secrets names {', '.join(unset)}, not set in your environment: jobs will not "
+                 "have " + ("it" if len(unset) == 1 else "them"))
 
 
 def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: Progress = print,
@@ -73,6 +95,8 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
     from embodyhpc.slurm import commands
 
     check_environment(loaded, dict(os.environ), progress)
+    for warning in preflight(loaded, python, submitting=True, eval_only=eval_only):
+        progress(f"warning: {warning}")
     loaded = absolute_paths(loaded)
 
     backend = "local"
@@ -83,8 +107,6 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
         else:
             progress(f"no Slurm cluster reachable ({why}): running the chain on this machine (--local)")
     job = loaded.config.job
-    for kind in chain_kinds(loaded, eval_only=eval_only):  # a broken template fails before anything exists
-        render_job(loaded, kind, Path("/nonexistent-run-dir"), python)
     run_dir = new_run_dir(job.runs_root, job.experiment, job.name)
     info = start_run(loaded, run_dir, backend=backend, python=python,
                      mlflow_run_id=mlflow_parent if eval_only else _create_mlflow_run(loaded, run_dir, progress))

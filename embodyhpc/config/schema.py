@@ -7,11 +7,13 @@ invariants across sections (world size, batch arithmetic) live in `resolve.py`.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 
 from embodyhpc.config import checks
 from embodyhpc.config.network import NetworkConfig
 from embodyhpc.errors import ConfigError
+from embodyhpc.eval.task_names import unknown_task
 
 
 @dataclass(frozen=True)
@@ -317,6 +319,12 @@ class EvalConfig:
             raise ConfigError("needs at least one task", key="eval.tasks")
         if not self.seeds:
             raise ConfigError("needs at least one seed", key="eval.seeds")
+        unknown = unknown_task(self.suite, list(self.tasks))
+        if unknown is not None:
+            task, accepted = unknown
+            close = difflib.get_close_matches(task, accepted, n=1)
+            raise ConfigError(f"{task!r} is not a task of the {self.suite} suite", key="eval.tasks",
+                              fix=f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(accepted)}")
         for key in ("episodes_per_task", "shards", "array_parallelism", "cpus_per_task"):
             checks.positive(f"eval.{key}", getattr(self, key))
         checks.positive("eval.every_k_checkpoints", self.every_k_checkpoints, allow_zero=True)
