@@ -16,7 +16,7 @@ from pathlib import Path
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.config.schema import JobConfig
 from embodyhpc.evaluate import evaluated_checkpoint
-from embodyhpc.rundir import RESOLVED_YAML, RunInfo, new_run_dir
+from embodyhpc.rundir import RESOLVED_YAML, RunInfo, new_run_dir, write_private
 from embodyhpc.slurm.render import chain_kinds, render_job
 
 Progress = Callable[[str], None]
@@ -142,7 +142,7 @@ def start_run(loaded: LoadedRecipe, run_dir: Path, *, backend: str, python: str,
               parent_run: Path | None = None) -> RunInfo:
     """Fill a fresh run directory: resolved.yaml, run.json, and a pin on the checkpoint it evaluates (if any), so
     that the training run's retention keeps that checkpoint until the export job has read it."""
-    (run_dir / RESOLVED_YAML).write_text(loaded.to_yaml())
+    write_private(run_dir / RESOLVED_YAML, loaded.to_yaml())
     info = RunInfo(run_id=run_dir.name, run_dir=str(run_dir), backend=backend, recipe=loaded.recipe,
                    site=loaded.site, overrides=list(loaded.overrides), python=python,
                    created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), mlflow_run_id=mlflow_run_id,
@@ -168,7 +168,7 @@ def run_chain(loaded: LoadedRecipe, info: RunInfo, *, progress: Progress = print
     from embodyhpc.slurm.local import run_local_chain
 
     for kind in chain_kinds(loaded, eval_only=eval_only):  # the scripts a cluster would get, for reference
-        (run_dir / "scripts" / f"{kind}.sbatch").write_text(render_job(loaded, kind, run_dir, info.python))
+        write_private(run_dir / "scripts" / f"{kind}.sbatch", render_job(loaded, kind, run_dir, info.python))
     return run_local_chain(loaded, run_dir, info, progress=progress, eval_only=eval_only)
 
 

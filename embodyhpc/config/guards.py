@@ -38,16 +38,6 @@ def looks_secret(name: str) -> bool:
     return any(w in _SECRET_WORDS for w in words) or any(s in joined for s in _SECRET_WORDS if "_" in s)
 
 
-def redact(data: Any, key: str = "") -> Any:
-    """A copy of plain data with the values of secret-looking keys replaced by '***'."""
-    if isinstance(data, dict):
-        return {k: ("***" if looks_secret(str(k)) and v not in (None, "", {}, []) else redact(v, str(k)))
-                for k, v in data.items()}
-    if isinstance(data, list):
-        return [redact(v, key) for v in data]
-    return data
-
-
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(data, dict) and data:
         out: dict[str, Any] = {}
