@@ -232,8 +232,13 @@ def _recipe_layers(source: Source) -> list[Layer]:
     return list(reversed(chain))
 
 
+def _short(text: str, limit: int = 100) -> str:
+    """A long value in an error message: its start, and how long it is."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _override_layer(text: str) -> Layer:
-    where = f"override {text!r}"
+    where = f"override {_short(text)!r}"
     key, sep, _ = text.partition("=")
     if not sep or not key or key != key.strip() or any(not part for part in key.split(".")):
         raise ConfigError("overrides are key=value with a dotted key", where=where,
@@ -241,8 +246,10 @@ def _override_layer(text: str) -> Layer:
     raw = text.partition("=")[2]
     try:
         value = _yaml_load(raw) if raw.strip() else ""
+    except YAMLLimitError as exc:
+        raise ConfigError(f"refused: {exc.problem}", where=where, key=key) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"cannot parse the value {raw!r} as YAML", where=where, key=key,
+        raise ConfigError(f"cannot parse the value {_short(raw)!r} as YAML", where=where, key=key,
                           fix="quote it, e.g. key='a: b'") from exc
     data: dict[str, Any] = {}
     node = data
