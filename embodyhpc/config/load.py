@@ -42,6 +42,7 @@ class Source:
 class Layer:
     where: str
     data: dict[str, Any]
+    keys: tuple[str, ...] = ()  # keys it sets as a whole (an override's key, even when its value is a mapping)
 
 
 @dataclass(frozen=True)
@@ -257,7 +258,7 @@ def _override_layer(text: str) -> Layer:
     for part in parents:
         node = node.setdefault(part, {})
     node[leaf] = value
-    return Layer(where, data)
+    return Layer(where, data, keys=(key,))
 
 
 def _site_source(site: str | None) -> Source | None:
@@ -296,7 +297,7 @@ def _merge(layers: list[Layer]) -> tuple[dict[str, Any], dict[str, str], set[str
     for layer in layers:
         _check_keys(layer.data, Config, "", layer.where)
         _deep_merge(combined, layer.data)
-        for key in _flatten(layer.data):
+        for key in (*_flatten(layer.data), *layer.keys):
             provenance[key] = layer.where
     missing = {key for key, value in _flatten(combined).items() if value == "???"}
     if any(isinstance(v, str) and "${" in v for v in _flatten(combined).values()):
@@ -329,7 +330,7 @@ def load_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: 
     source = find_recipe(recipe)
     layers = _recipe_layers(source)
     if recipe_site_keys == "drop":
-        layers = [Layer(layer.where, _without_site_only(layer.data)) for layer in layers]
+        layers = [Layer(layer.where, _without_site_only(layer.data), layer.keys) for layer in layers]
     for layer in layers:
         guards.check_layer(layer.data, layer.where, is_site=recipe_site_keys == "keep")
     site_source = _site_source(site)
