@@ -243,7 +243,7 @@ def render_job(loaded: LoadedRecipe, kind: str, run_dir: Path, python: str,
     name = f"{kind}.sbatch.j2"
     try:
         return template_env(cfg.site.templates_dir).get_template(name).render(context)
-    except SecurityError as exc:
+    except (SecurityError, OverflowError) as exc:  # OverflowError: the sandbox's cap on range()
         raise ConfigError(f"template {name} tried something a sandboxed template may not: {exc}",
                           key="site.templates_dir" if custom else None,
                           fix="templates may only print values and use Jinja's statements") from exc
