@@ -24,18 +24,18 @@ SITE_ONLY_KEYS = ("site.python", "site.templates_dir", "site.container", "site.m
 # network.extra_env is where a recipe tunes NCCL, so there only these names are site-only)
 _CODE_ENV = re.compile(r"^(LD_\w+|PYTHON\w*|PATH|BASH_ENV|ENV|PROMPT_COMMAND|NCCL_\w*PLUGIN\w*|"
                        r"CUDA_INJECTION\w*|ENROOT_\w+|PYXIS_\w+|SUBMITIT_\w+|MUJOCO_PLUGIN\w*)$")
-_SECRET_WORDS = ("token", "secret", "password", "passwd", "passphrase", "credential", "credentials", "apikey",
-                 "api_key", "access_key", "private_key", "auth", "cookie", "pwd", "key")
+# anywhere in a name: a secret; as its last word only (max_token_len is a length, HF_TOKEN a token)
+_SECRET_WORDS = ("secret", "secrets", "password", "passwd", "passphrase", "credential", "credentials", "apikey")
+_SECRET_LAST_WORDS = ("token", "key", "auth", "pwd", "cookie", "pat")
 MAX_INTERPOLATED = 1_000_000  # characters + values after every ${...} is expanded
 _REF = re.compile(r"\$\{([A-Za-z_][\w.\[\]-]*)\}")  # a plain ${a.b.c} reference (not a resolver call)
 _ENV_READ = re.compile(r"oc\.env\s*:\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def looks_secret(name: str) -> bool:
-    """HF_TOKEN, WANDB_API_KEY, aws_secret_access_key, db.password ...: split on _ . - and camel case."""
+    """HF_TOKEN, WANDB_API_KEY, aws_secret_access_key, db.password, apiKey ...: split on _ . - and camel case."""
     words = [w.lower() for w in re.split(r"[_.\-\s]+|(?<=[a-z])(?=[A-Z])", str(name)) if w]
-    joined = "_".join(words)
-    return any(w in _SECRET_WORDS for w in words) or any(s in joined for s in _SECRET_WORDS if "_" in s)
+    return bool(words) and (any(w in _SECRET_WORDS for w in words) or words[-1] in _SECRET_LAST_WORDS)
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
