@@ -29,6 +29,7 @@ _SECRET_WORDS = ("secret", "secrets", "password", "passwd", "passphrase", "crede
 _SECRET_LAST_WORDS = ("token", "key", "auth", "pwd", "cookie", "pat")
 MAX_INTERPOLATED = 1_000_000  # characters + values after every ${...} is expanded
 _REF = re.compile(r"\$\{([A-Za-z_][\w.\[\]-]*)\}")  # a plain ${a.b.c} reference (not a resolver call)
+_ENV_COMPUTED = re.compile(r"oc\.env\s*:\s*['\"]?\$\{")
 _ENV_READ = re.compile(r"oc\.env\s*:\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -58,6 +59,10 @@ def check_layer(data: dict[str, Any], where: str, *, is_site: bool) -> None:
                 raise ConfigError(f"{only} chooses what code runs on the cluster: only a site profile may set it",
                                   where=where, key=key, fix=f"move {only} into a site profile (--site FILE)")
         for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and _ENV_COMPUTED.search(text):
+                raise ConfigError("reads an environment variable whose name is itself interpolated, so no check can "
+                                  "tell whether it is a secret", where=where, key=key,
+                                  fix="name the variable literally, e.g. ${oc.env:MY_VAR}")
             match = _ENV_READ.search(text) if isinstance(text, str) else None
             if match and looks_secret(match.group(1)):
                 name = match.group(1)

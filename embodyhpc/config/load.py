@@ -130,7 +130,7 @@ def _parse(source: Source, *, allow_empty: bool = False) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}" if mark is not None else None
-        problem = getattr(exc, "problem", None) or "invalid YAML"
+        problem = getattr(exc, "problem", None) or "control characters or not a YAML document"
         # PyYAML quotes what it found ('...'): that is the file's content, which an error must not echo
         problem = re.sub(r"'[^']*'|\"[^\"]*\"", "...", problem)
         raise ConfigError(f"invalid YAML: {problem}", where=source.name, key=line) from exc

@@ -390,9 +390,12 @@ class SiteConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables exported in every job."""
     python: str | None = None
-    """Python on the compute nodes; default: the interpreter that runs embodyhpc submit."""
+    """Python on the compute nodes; default: `python3` inside a container (site.container.image), else the
+    interpreter that runs embodyhpc submit. Like templates_dir, container, modules, env and secrets, it chooses
+    what code runs, so only a site profile may set it (not a recipe or a key=value override)."""
     templates_dir: str | None = None
-    """Folder of admin-adapted sbatch templates that replace the shipped ones (same names)."""
+    """Folder of admin-adapted sbatch templates that replace the shipped ones (same names). Templates render in
+    Jinja's sandbox and include others by bare file name from this folder or the shipped ones."""
     extra_sbatch: dict[str, str] = field(default_factory=dict)
     """Further #SBATCH options for every job, e.g. {reservation: myres}. Options embodyhpc sets itself (output,
     signal, array, job-name, dependency, ...) are refused: a second #SBATCH line would silently win."""

@@ -56,6 +56,7 @@ def test_secret_read_into_a_site_profile_is_refused(cli, tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("override", ["site.env.HF_TOKEN=${oc.env:HF_TOKEN}", "job.name=${oc.env:HF_TOKEN}",
+                                      "job.experiment=${oc.env:${site.name}}", "job.name=${oc.env:'${job.experiment}'}",
                                       "network.extra_env.NCCL_X=${oc.env:WANDB_API_KEY}",
                                       "site.extra_sbatch.comment=${oc.env:DB_PASSWORD}"])
 def test_secret_read_in_an_override_is_refused(cli, monkeypatch, override):

@@ -225,3 +225,20 @@ def test_real_system_files_as_base_are_not_echoed(cli, tmp_path):
         assert result.code == 2
         first = Path(system_file).read_text(errors="replace").splitlines()[0]
         assert first not in result.err and "root:" not in result.err, result.err
+
+
+@pytest.mark.parametrize("target", ["/proc/self/environ", "/proc/self/cmdline"])
+def test_proc_files_as_base_are_not_echoed(cli, tmp_path, monkeypatch, target):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"base: {target}\n")
+    result = cli("validate", str(recipe))
+    _assert_rejected(result, target)
+    assert SECRET not in result.out + result.err
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "/etc/group"])
+def test_system_file_as_site_profile_is_not_echoed(cli, target):
+    result = cli("validate", DEMO, "--site", target)
+    _assert_rejected(result, target)
+    assert "root:" not in result.err
