@@ -228,3 +228,10 @@ def test_mlflow_failure_is_one_warning_line_never_silent(tmp_path, capfd):
     assert _create_mlflow_run(loaded, tmp_path / "run", said.append) is None
     assert len(said) == 1 and said[0].startswith("warning: MLflow tracking off for this run: ")
     assert "\n" not in said[0] and "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("runs_root", ["/tmp/runs%j", "", "/tmp/it's"])
+def test_bad_runs_root_from_a_site_profile_names_the_profile(cli, tmp_path, runs_root):
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"job": {"runs_root": runs_root}, "tracking": {"mlflow_uri": None}}))
+    _assert_rejected(cli("validate", DEMO, "--site", str(site), "tracking.enabled=true"), str(site), "job.runs_root")
