@@ -22,7 +22,7 @@ system-deps:
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[train,data,fp8,sim,track,dev]'
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[train,data,fp8,sim,libero,track,dev]'
 	touch $@
 
 slurm-up: system-deps

@@ -62,6 +62,7 @@ def check_environment(loaded: LoadedRecipe, environ: dict[str, str], progress: P
     """Jobs inherit the submitting shell's environment, then the script exports the network profile.
     A variable the user set to something else would be silently overridden: refuse, say how to fix.
     Variables the profile does not set are inherited as they are: say so."""
+    from embodyhpc.config import nccl_values
     from embodyhpc.errors import ConfigError
     from embodyhpc.hw.versions import exported_nccl_env
 
@@ -74,6 +75,12 @@ def check_environment(loaded: LoadedRecipe, environ: dict[str, str], progress: P
                           where=loaded.provenance.get("network.fabric", "network profile"), key="network",
                           fix=f"unset {name}, or set network.extra_env.{name}={mine} to make it the profile's value")
     inherited = {k: v for k, v in exported_nccl_env(environ).items() if k not in network.environment()}
+    for name, value in inherited.items():  # the job runs with these: the same ranges as the profile's own
+        try:
+            nccl_values.check_value(name, value, f"network.extra_env.{name}")
+        except ConfigError as exc:
+            raise ConfigError(exc.message, where="your environment", key=name,
+                              fix=f"unset {name}, or {exc.fix}") from None
     if inherited:
         progress("note: jobs inherit from your environment " + ", ".join(f"{k}={v}" for k, v in inherited.items()))
     unset = [name for name in loaded.config.site.secrets if not environ.get(name)]

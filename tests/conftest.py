@@ -153,3 +153,11 @@ def reach_demos(tmp_path_factory) -> Path:
     generate_demos(root, tasks=["reach-v3"], episodes_per_task=4, seed=0, image_size=32, max_steps=120,
                    progress=False)
     return root
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """make(num_devices=2, initialized=True) -> tests.cuda_doubles.FakeCuda installed for this test only."""
+    from tests.cuda_doubles import FakeCuda
+
+    return lambda num_devices=2, **kwargs: FakeCuda(monkeypatch, num_devices, **kwargs)

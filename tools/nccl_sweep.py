@@ -64,7 +64,13 @@ def format_size(num_bytes: int) -> str:
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
-    """'NAME:KEY=VAL,KEY=VAL' (or 'NAME:' for the environment as it is) -> (NAME, {KEY: VAL})."""
+    """'NAME:KEY=VAL,KEY=VAL' (or 'NAME:' for the environment as it is) -> (NAME, {KEY: VAL}).
+
+    Values are held to the ranges a site profile's are (embodyhpc.config.nccl_values): NCCL would clamp, mask or
+    misread the others, and the variant would measure something other than its name says."""
+    from embodyhpc.config import nccl_values
+    from embodyhpc.errors import ConfigError
+
     name, sep, rest = text.partition(":")
     if not sep or not name.strip():
         raise ValueError(f"variant {text!r}: expected NAME:KEY=VAL,KEY=VAL")
@@ -74,6 +80,10 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
         if not eq or not _ENV_NAME.match(key):
             raise ValueError(f"variant {name}: {item!r} is not KEY=VAL")
         env[key] = value
+    try:
+        nccl_values.check_environment(env, lambda key: key)
+    except ConfigError as exc:
+        raise ValueError(f"variant {name}: {exc.message}") from None
     return name.strip(), env
 
 

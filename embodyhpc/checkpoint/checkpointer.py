@@ -72,10 +72,11 @@ class LoadResult:
 
 
 class Checkpointer:
-    def __init__(self, root: str | Path, cfg: CheckpointConfig, *, seed: int = 0,
+    def __init__(self, root: str | Path, cfg: CheckpointConfig, *, seed: int = 0, device: torch.device | str = "cpu",
                  collective_timeout_s: float | None = None,
                  on_complete: Callable[[int, Path], None] | None = None) -> None:
         """`root` is the run's checkpoints/ folder; `seed` reseeds RNGs on a resume at another world size.
+        `device` is where the model and optimizer live: on a GPU async saves stage into pinned memory (staging_options).
         `on_complete(step, folder)` runs on rank 0 after each save is marked complete, outside any collective: for
         async saves in the finisher thread, not the training thread. Its failures are logged, never raised.
 
@@ -95,11 +96,9 @@ class Checkpointer:
         self._pending: Future[None] | None = None
         self._pending_step: int | None = None
         # One stager for the whole run: it keeps the CPU staging buffers between saves (keyed by the storage of
-        # each parameter and optimizer tensor) instead of allocating and faulting in the state's size every time;
-        # on a GPU the buffers are pinned. Reuse is safe only because a save waits for the one before it.
-        self._stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(),
-                                                    use_shared_memory=False, use_async_staging=False,
-                                                    use_non_blocking_copy=False))
+        # each parameter and optimizer tensor) instead of allocating and faulting in the state's size every time.
+        # Reuse is safe only because a save waits for the one before it.
+        self._stager = DefaultStager(staging_options(device))
 
     # ---- saving ----
     def due(self, step: int) -> bool:
@@ -242,7 +241,9 @@ class Checkpointer:
     def _restore_local(self, folder: Path, step: int, rng_restored: bool) -> TrainerState:
         trainer = read_trainer_state(folder)
         if rng_restored:
-            rng.restore_rng_state(rng.load_rng_file(layout.rng_file(folder, self.group.rank)))
+            note = rng.restore_rng_state(rng.load_rng_file(layout.rng_file(folder, self.group.rank)))
+            if note is not None:  # each rank's own log: the hardware may differ between ranks
+                log.warning("%s, rank %d: %s", folder.name, self.group.rank, note)
         else:
             rng.reseed(rng.derived_seed(self.seed, step, self.group.rank))
         return trainer
@@ -275,6 +276,19 @@ class Checkpointer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def staging_options(device: torch.device | str) -> StagingOptions:
+    """How async saves copy the state to CPU memory (DCP's DefaultStager, torch 2.13), by where the state lives.
+
+    On a GPU: pinned buffers (registered once, reused by every save) and non-blocking device-to-host copies that
+    queue back to back, then one synchronize before the stager returns, so the write never reads a half-copied
+    buffer. On the CPU: plain copies (pinning needs CUDA, and a CPU run on a GPU node gains nothing from it).
+    Staging stays synchronous (the loop's stall) and private to this process (thread executor: no shared memory).
+    """
+    on_gpu = torch.device(device).type == "cuda"
+    return StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False, use_async_staging=False,
+                          use_non_blocking_copy=on_gpu)
 
 
 def _prepare_folder(folder: Path, trainer: TrainerState) -> None:

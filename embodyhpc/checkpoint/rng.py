@@ -42,18 +42,30 @@ def capture_rng_state() -> dict[str, Any]:
     return state
 
 
-def restore_rng_state(state: dict[str, Any]) -> None:
+def restore_rng_state(state: dict[str, Any]) -> str | None:
+    """Restore every stream the state holds; the CUDA one into the current device (the rank's GPU, made current
+    before loading). Returns a one-line note when the CUDA side cannot continue exactly (a GPU checkpoint resumed
+    without a GPU, or a CPU checkpoint resumed on one), else None: the other streams are restored either way, and
+    a resume on other hardware is legitimate (debugging a GPU run on a CPU), so it is said rather than refused."""
     if state.get("version") != RNG_STATE_VERSION:
         raise ValueError(f"RNG state version {state.get('version')!r}, expected {RNG_STATE_VERSION}")
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+    note = None
+    if "cuda" in state:
+        if torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda"])
+        else:
+            note = "the checkpoint holds a CUDA RNG stream but this rank has no GPU: it is not restored"
+    elif torch.cuda.is_available() and torch.cuda.is_initialized():
+        note = ("the checkpoint holds no CUDA RNG stream (saved without a GPU) but this rank draws on one: it keeps "
+                "its seeded state, so GPU noise differs from an uninterrupted run")
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
     if np is not None and "numpy" in state:
         n = state["numpy"]
         np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                              n["cached_gaussian"]))
+    return note
 
 
 def derived_seed(seed: int, step: int, rank: int) -> int:

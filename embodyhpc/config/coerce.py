@@ -81,6 +81,11 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
         if isinstance(value, bool):
             return "true" if value else "false"
         return str(value)
+    if hint is Any:  # options a plug-in checks itself: plain scalars, or a list of them
+        scalar = (str, int, float, bool)
+        if isinstance(value, scalar) or isinstance(value, list) and all(isinstance(v, scalar) for v in value):
+            return value
+        raise _wrong(key, "a string, number, true/false or a list of them", value)
     raise TypeError(f"schema type {hint!r} at {key} is not supported")
 
 

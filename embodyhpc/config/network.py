@@ -9,12 +9,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from embodyhpc.config import checks
+from embodyhpc.config import checks, nccl_values
 from embodyhpc.errors import ConfigError
 
 FABRICS = ("ethernet", "ib", "roce", "efa")
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
-GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
+
+# the typed fields behind the variables they set, so that a bad value names the key the user wrote
+_FIELD_KEYS = {
+    "NCCL_IB_GID_INDEX": "network.gid_index", "NCCL_NET_GDR_LEVEL": "network.gdr_level",
+    "NCCL_CROSS_NIC": "network.cross_nic", "NCCL_IB_QPS_PER_CONNECTION": "network.qps_per_connection",
+    "NCCL_IB_TIMEOUT": "network.ib_timeout", "NCCL_IB_RETRY_CNT": "network.ib_retry_cnt",
+    "NCCL_BUFFSIZE": "network.buffsize_bytes", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "network.heartbeat_timeout_s",
+}
 
 
 @dataclass(frozen=True)
@@ -26,22 +33,23 @@ class NetworkConfig:
     """NCCL_IB_HCA: RDMA devices, e.g. [mlx5_0:1, mlx5_1:1]; empty = NCCL's own choice. List every
     rail that should carry traffic: a missing one silently halves bandwidth."""
     gid_index: int | None = None
-    """NCCL_IB_GID_INDEX: the RoCE v2 GID table entry (commonly 3); required for roce."""
+    """NCCL_IB_GID_INDEX: the RoCE v2 GID table entry (commonly 3, 0-255); required for roce."""
     socket_ifname: str | None = None
     """NCCL_SOCKET_IFNAME (bootstrap and TCP traffic), e.g. ib0, eth0, =eth0 (exact) or ^lo,docker (exclude).
     GLOO_SOCKET_IFNAME gets the same interface when it names one (Gloo knows no ^ exclusion lists)."""
     gdr_level: str | None = None
-    """NCCL_NET_GDR_LEVEL: how far apart GPU and NIC may be for GPUDirect RDMA (LOC..SYS)."""
+    """NCCL_NET_GDR_LEVEL: how far apart GPU and NIC may be for GPUDirect RDMA (LOC, PIX, PXB, PHB, SYS)."""
     cross_nic: int | None = None
-    """NCCL_CROSS_NIC: 0 keeps rings on the same rail (rail-optimised fabrics), 1 allows crossing."""
+    """NCCL_CROSS_NIC: 0 keeps rings on the same rail (rail-optimised fabrics), 1 allows crossing, 2 NCCL decides."""
     qps_per_connection: int | None = None
-    """NCCL_IB_QPS_PER_CONNECTION: more queue pairs help adaptive routing on large fabrics."""
+    """NCCL_IB_QPS_PER_CONNECTION (1-128): more queue pairs help adaptive routing on large fabrics."""
     ib_timeout: int | None = None
-    """NCCL_IB_TIMEOUT: verbs timeout exponent (4.096 us * 2^n); raise on large/congested fabrics."""
+    """NCCL_IB_TIMEOUT (1-31): verbs timeout exponent (4.096 us * 2^n); raise on large/congested fabrics."""
     ib_retry_cnt: int | None = None
-    """NCCL_IB_RETRY_CNT: verbs retries before an error."""
+    """NCCL_IB_RETRY_CNT (0-7, NCCL's default 7): verbs retries before an error; a 3-bit field, so a larger
+    value would be masked by the driver to fewer retries."""
     buffsize_bytes: int | None = None
-    """NCCL_BUFFSIZE: per-channel buffer; larger can help bandwidth at the cost of memory."""
+    """NCCL_BUFFSIZE (bytes, below 2 GiB): per-channel buffer; larger can help bandwidth at the cost of memory."""
     nvls: bool | None = None
     """NCCL_NVLS_ENABLE: NVLink SHARP on NVSwitch systems; unset = NCCL decides."""
     nccl_debug: str = "WARN"
@@ -49,18 +57,19 @@ class NetworkConfig:
     async_error_handling: bool = True
     """TORCH_NCCL_ASYNC_ERROR_HANDLING=1: a failed collective aborts the job instead of hanging."""
     dump_on_timeout: bool = True
-    """TORCH_NCCL_DUMP_ON_TIMEOUT (+ flight recorder entries): who was stuck where when a collective
-    timed out."""
+    """TORCH_NCCL_DUMP_ON_TIMEOUT: who was stuck where when a collective timed out. The flight recorder's size
+    is not exported here: torch 2.8 renamed its variable and warns on every rank about the old name, and only the
+    job knows the nodes' torch, so the job sets it (embodyhpc.launch.distributed.set_flight_recorder_size). A size
+    set in extra_env or site.env under either name is kept, under the name that torch reads."""
     heartbeat_timeout_s: int = 600
     """TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: watchdog kills a hung process group after this long."""
     extra_env: dict[str, str] = field(default_factory=dict)
-    """Anything else, exported verbatim (names validated, values quoted)."""
+    """Anything else, exported verbatim (names validated, values quoted; the numeric NCCL ones must be in the
+    range NCCL accepts, see embodyhpc.config.nccl_values)."""
 
     def __post_init__(self) -> None:
         checks.choice("network.fabric", self.fabric, FABRICS)
         checks.choice("network.nccl_debug", self.nccl_debug, NCCL_DEBUG_LEVELS)
-        if self.gdr_level is not None:
-            checks.choice("network.gdr_level", self.gdr_level, GDR_LEVELS)
         if self.fabric == "roce" and self.gid_index is None:
             raise ConfigError("fabric roce needs the RoCE v2 GID index", key="network.gid_index",
                               fix="set network.gid_index (often 3; `show_gids` lists them)")
@@ -69,6 +78,13 @@ class NetworkConfig:
                               fix="set network.fabric=ib or roce, or remove network.hcas")
         checks.positive("network.heartbeat_timeout_s", self.heartbeat_timeout_s)
         checks.env_names("network.extra_env", dict(self.extra_env))
+        nccl_values.check_environment(self.environment(), self.key_of)
+
+    def key_of(self, name: str) -> str:
+        """The recipe key that sets variable `name` (extra_env wins over a typed field, as in environment())."""
+        if name in self.extra_env:
+            return f"network.extra_env.{name}"
+        return _FIELD_KEYS.get(name, "network")
 
     def conflicts(self, environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
         """{name: (value in `environ`, value of this profile)} where the two disagree."""
@@ -106,9 +122,8 @@ class NetworkConfig:
             env["NCCL_NVLS_ENABLE"] = "1" if self.nvls else "0"
         env["NCCL_DEBUG"] = self.nccl_debug
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1" if self.async_error_handling else "0"
-        if self.dump_on_timeout:
+        if self.dump_on_timeout:  # the flight recorder's size: set in the job, under its torch's name
             env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
-            env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
         env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] = str(self.heartbeat_timeout_s)
         env.update({k: str(v) for k, v in self.extra_env.items()})
         return env

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from embodyhpc.config import nccl_values
 from embodyhpc.config.checks import slurm_time_minutes
 from embodyhpc.config.schema import Config
 from embodyhpc.errors import ConfigError
@@ -69,6 +70,7 @@ def resolve(config: Config) -> Resolved:
                           "mlflow.db) cannot hold", key="job.runs_root", related=("tracking.enabled",),
                           fix="use a folder without these characters, or set tracking.mlflow_uri "
                               "(or tracking.enabled=false)")
+    _check_job_environment(config)
     ev = config.eval
     return Resolved(
         world_size=world,
@@ -80,3 +82,13 @@ def resolve(config: Config) -> Resolved:
         eval_time_min=slurm_time_minutes("eval.time", ev.time),
         num_eval_episodes=len(ev.tasks) * len(ev.seeds) * ev.episodes_per_task,
     )
+
+
+def _check_job_environment(config: Config) -> None:
+    """site.env and the network profile are each checked on their own; a training job sees both (the profile
+    wins a name both set), so pairs split between them are checked here."""
+    network_env = config.network.environment()
+    nccl_values.check_environment({**config.site.env, **network_env},
+                                  lambda name: config.network.key_of(name) if name in network_env
+                                  else f"site.env.{name}")
+

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from typing import Any
 
-from embodyhpc.config import checks
+from embodyhpc.config import checks, nccl_values
 from embodyhpc.config.network import NetworkConfig
 from embodyhpc.errors import ConfigError
 from embodyhpc.eval.task_names import unknown_task
@@ -267,7 +268,6 @@ class CheckpointConfig:
                                      key="checkpoint.keep_latest_k", fix="set checkpoint.keep_latest_k=2")
 
 
-EVAL_SUITES = ("metaworld", "pusht")
 REFERENCE_POLICIES = ("expert", "random")
 
 
@@ -276,9 +276,11 @@ class EvalConfig:
     enabled: bool = True
     """Chain an evaluation array job and a report job after training."""
     suite: str = "metaworld"
-    """Simulator suite: metaworld or pusht."""
+    """Simulator suite: metaworld, pusht, libero, or one a site registers (embodyhpc.eval.suites)."""
     tasks: list[str] = field(default_factory=lambda: ["reach-v3"])
-    """Tasks of the suite (MetaWorld: names, or MT10 / MT50)."""
+    """Tasks of the suite (MetaWorld: names, or MT10 / MT50; LIBERO: libero_spatial, libero_goal/3, ...)."""
+    suite_options: dict[str, Any] = field(default_factory=dict)
+    """Options of the suite's own (LIBERO: convention lerobot|openpi, render_quality exact|fast, video_size)."""
     seeds: list[int] = field(default_factory=lambda: [0])
     """Environment seeds; every task runs every seed."""
     episodes_per_task: int = 10
@@ -314,7 +316,14 @@ class EvalConfig:
     """Rendered camera size for policies that did not record one (a trained policy renders what it trained on)."""
 
     def __post_init__(self) -> None:
-        checks.choice("eval.suite", self.suite, EVAL_SUITES)
+        from embodyhpc.eval.suites import available_suites, suite_option_names
+
+        checks.choice("eval.suite", self.suite, tuple(available_suites()))
+        allowed = suite_option_names(self.suite)
+        for key in self.suite_options:
+            if key not in allowed:
+                raise ConfigError(f"the {self.suite} suite has no option {key!r}", key=f"eval.suite_options.{key}",
+                                  fix=f"use one of: {', '.join(allowed) or 'none'}")
         if not self.tasks:
             raise ConfigError("needs at least one task", key="eval.tasks")
         if not self.seeds:
@@ -408,6 +417,7 @@ class SiteConfig:
         checks.choice("site.gpu_request", self.gpu_request, ("gpus-per-node", "gres", "none"))
         checks.env_names("site.env", dict(self.env))
         checks.env_names("site.secrets", {name: "" for name in self.secrets})
+        nccl_values.check_environment(dict(self.env), lambda name: f"site.env.{name}")
         checks.sbatch_options("site.extra_sbatch", dict(self.extra_sbatch))
 
 

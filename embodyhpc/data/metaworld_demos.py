@@ -79,14 +79,14 @@ def instruction_for(env_name: str) -> str:
     return INSTRUCTIONS.get(env_name) or env_name.removesuffix("-v3").replace("-", " ")
 
 
-def _use_headless_gl() -> None:
+def use_headless_gl() -> None:
     # MuJoCo picks its GL backend when it is first imported; without a display the default (GLFW) cannot work.
     if "mujoco" not in sys.modules:
         os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def _metaworld() -> Any:
-    _use_headless_gl()
+    use_headless_gl()
     try:
         import metaworld
         import metaworld.policies

@@ -209,7 +209,7 @@ def _image_stats(histogram: np.ndarray, num_frames: int) -> dict[str, list]:
     return stats
 
 
-class _VideoFileWriter:
+class VideoFileWriter:
     """One open mp4 of one camera: frames are encoded as they arrive; `num_frames` counts what the file holds."""
 
     def __init__(self, path: Path, width: int, height: int, fps: int, options: VideoOptions) -> None:
@@ -289,7 +289,7 @@ class LeRobotWriter:
         self._data_file = (0, 0)
         self._data_pending: list[pa.Table] = []
         self._data_files: list[Path] = []
-        self._videos: dict[str, _VideoFileWriter] = {}
+        self._videos: dict[str, VideoFileWriter] = {}
         self._video_file = {k: (0, 0) for k in self.video_keys}
         self._histograms = {k: np.zeros((3, 256), dtype=np.int64) for k in self.video_keys}
         self._closed = False
@@ -391,7 +391,7 @@ class LeRobotWriter:
             chunk_index, file_index = self._video_file[key]
             path = self.root / VIDEO_PATH.format(video_key=key, chunk_index=chunk_index, file_index=file_index)
             height, width, _ = self.features[key]["shape"]
-            writer = self._videos[key] = _VideoFileWriter(path, width, height, self.fps, self.video)
+            writer = self._videos[key] = VideoFileWriter(path, width, height, self.fps, self.video)
         from_s = writer.num_frames / self.fps
         writer.write(frames)
         for channel in range(3):

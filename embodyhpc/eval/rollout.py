@@ -17,6 +17,10 @@ complete, so the report can tell a missing shard from a short one.
 Videos (H.264, yuv420p, plays in browsers and MLflow): episodes numbered below `videos_per_task` of every
 (task, seed), i.e. the same episodes whatever the sharding; frames from `env.render()` (the suite's video camera),
 the initial state and one per step, at the simulator's control rate.
+
+Cameras cost most of an episode on CPU. A policy that says whether its next `act` reads the observation
+(`reads_next_observation()`, e.g. between re-plans of a receding horizon) lets a suite that can skip rendering
+(`env.observe_images(on)`) render cameras only for the observations the policy reads.
 """
 
 from __future__ import annotations
@@ -51,12 +55,12 @@ class EpisodeVideo:
 
     def write(self, frame: np.ndarray) -> None:
         if self._writer is None:
-            from embodyhpc.data.writer import VideoOptions, _VideoFileWriter
+            from embodyhpc.data.writer import VideoFileWriter, VideoOptions
 
             height, width = frame.shape[:2]
             if height % 2 or width % 2:
                 raise ValueError(f"video frames need an even width and height for yuv420p, got {width}x{height}")
-            self._writer = _VideoFileWriter(self._tmp, width, height, self.fps, VideoOptions(gop_size=VIDEO_GOP))
+            self._writer = VideoFileWriter(self._tmp, width, height, self.fps, VideoOptions(gop_size=VIDEO_GOP))
         self._writer.write(np.asarray(frame, dtype=np.uint8)[None])
         self.num_frames += 1
 
@@ -90,8 +94,13 @@ def run_episode(env: EvalEnv, policy: Policy, episode: Episode, *, max_steps: in
         obs = env.reset()
         if recorder:
             recorder.write(env.render())
+        observe = getattr(env, "observe_images", None)  # suites that can skip rendering cameras (LIBERO)
+        reads = getattr(policy, "reads_next_observation", None)
         for _ in range(max_steps):
-            obs, reward, success, done = env.step(policy.act(obs))
+            action = policy.act(obs)
+            if observe is not None:
+                observe(reads is None or reads())
+            obs, reward, success, done = env.step(action)
             length += 1
             total += reward
             if recorder:

@@ -114,7 +114,7 @@ class MetaWorldSuite:
 
     def __init__(self, tasks: Sequence[str], *, cameras: Sequence[str] = (), image_size: int = 64,
                  video_camera: str | None = None, video_size: int = 128, max_idle: int = 4) -> None:
-        mw._use_headless_gl()
+        mw.use_headless_gl()
         self.tasks = expand_tasks(tasks)
         self.cameras = tuple(cameras)
         self.image_size = image_size

@@ -109,6 +109,7 @@ SuiteFactory = Callable[..., Suite]
 _REGISTRY: dict[str, SuiteFactory | str] = {
     "metaworld": "embodyhpc.eval.suite_metaworld:MetaWorldSuite",
     "pusht": "embodyhpc.eval.suite_pusht:PushTSuite",
+    "libero": "embodyhpc.eval.suite_libero:LiberoSuite",
 }
 
 
@@ -145,6 +146,17 @@ def _resolve(name: str) -> SuiteFactory:
     return factory
 
 
+def suite_option_names(name: str) -> list[str]:
+    """The suite-specific keyword options `make_suite(name, ...)` takes (eval.suite_options), from its signature."""
+    import inspect
+
+    factory = _resolve(name)
+    target = factory.__init__ if inspect.isclass(factory) else factory
+    shared = {"self", "tasks", "cameras", "image_size"}
+    return [p.name for p in inspect.signature(target).parameters.values()
+            if p.kind is p.KEYWORD_ONLY and p.name not in shared]
+
+
 def make_suite(name: str, tasks: Sequence[str], *, cameras: Sequence[str] = (), image_size: int = 64,
                **options: Any) -> Suite:
     """The suite `name` over `tasks` (suite-specific names or groups such as "MT10").
@@ -176,4 +188,4 @@ def check_action(action: Any, action_dim: int) -> np.ndarray:
 
 
 __all__ = ["ENTRY_POINT_GROUP", "EvalEnv", "Suite", "available_suites", "check_action", "episode_seed",
-           "make_suite", "register_suite"]
+           "make_suite", "register_suite", "suite_option_names"]

@@ -93,6 +93,10 @@ class TrainedPolicy:
             self._queue.extend(chunk[: self.execute_steps])
         return self._queue.popleft()
 
+    def reads_next_observation(self) -> bool:
+        """Whether the next `act` predicts a chunk (reads its observation) or executes a queued action."""
+        return not self._queue
+
     def predict_chunk(self, obs: Obs) -> np.ndarray:
         """[horizon, num_action_dims] float32 actions for one observation."""
         import torch

@@ -14,8 +14,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from embodyhpc.config import nccl_values
 from embodyhpc.config.network import NetworkConfig
-from embodyhpc.errors import UserError
+from embodyhpc.errors import ConfigError, UserError
 from embodyhpc.hw import report
 from embodyhpc.hw.checks import Check, Status, fail, ok, warn, worst
 from embodyhpc.hw.gpu import GpuBackend, GpuHealth, check_gpus, open_gpu_backend
@@ -173,6 +174,14 @@ def _check_versions(versions: dict[str, str], driver: str | None, has_gpus: bool
 
 
 def _check_env(nccl_env: dict[str, str], network: NetworkConfig | None) -> list[Check]:
+    misread = []  # values NCCL would clamp, mask or read as something else (embodyhpc.config.nccl_values)
+    for name, value in nccl_env.items():
+        try:
+            nccl_values.check_value(name, value, name)
+        except ConfigError as exc:
+            misread.append(exc.message)
+    if misread:
+        return [warn("nccl_env", "exported values NCCL does not take as written: " + "; ".join(misread))]
     if network is None:
         names = ", ".join(nccl_env) or "none"
         return [ok("nccl_env", f"exported NCCL/Gloo variables: {names}")]

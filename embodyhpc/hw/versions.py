@@ -11,7 +11,7 @@ import importlib
 import os
 from collections.abc import Mapping
 
-ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "GLOO_")  # TORCH_FR_: the flight recorder (torch >= 2.8)
 NOT_AVAILABLE = "n/a"
 
 
@@ -47,6 +47,6 @@ def torch_versions() -> dict[str, str]:
 
 
 def exported_nccl_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """NCCL_*, TORCH_NCCL_* and GLOO_* variables of the environment, sorted by name."""
+    """NCCL_*, TORCH_NCCL_*, TORCH_FR_* and GLOO_* variables of the environment, sorted by name."""
     env = os.environ if environ is None else environ
     return {k: env[k] for k in sorted(env) if k.startswith(ENV_PREFIXES)}

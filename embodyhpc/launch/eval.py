@@ -59,7 +59,7 @@ def planned_tasks(config: Config) -> list[str]:
     """The recipe's tasks as the suite expands them (MetaWorld: "MT10" -> ten names): what shards are planned on."""
     from embodyhpc.eval.suites import make_suite
 
-    with make_suite(config.eval.suite, list(config.eval.tasks)) as suite:
+    with make_suite(config.eval.suite, list(config.eval.tasks), **config.eval.suite_options) as suite:
         return list(suite.tasks)
 
 
@@ -99,8 +99,8 @@ def _run(run: Path, shard: int) -> dict[str, Any]:
         step = policies[TRAINED].step
     # the trained policy sees the cameras it was trained on; reference rows read state only (no rendering but
     # their videos), which makes them ~10x cheaper
-    suite = make_suite(ev.suite, list(ev.tasks), cameras=cameras, image_size=image_size)
-    state_suite = make_suite(ev.suite, list(ev.tasks), image_size=image_size)
+    suite = make_suite(ev.suite, list(ev.tasks), cameras=cameras, image_size=image_size, **ev.suite_options)
+    state_suite = make_suite(ev.suite, list(ev.tasks), image_size=image_size, **ev.suite_options)
     try:
         for name in ev.reference_policies:
             if name == "expert" and state_suite.has_expert:

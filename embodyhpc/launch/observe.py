@@ -19,10 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from embodyhpc.config.schema import Config
+from embodyhpc.errors import REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE
 from embodyhpc.rundir import RunInfo
-
-REQUEUE_EXIT_CODE = 144  # embodyhpc.train.preempt (not imported here: it imports torch)
-STOPPED_EXIT_CODE = 143
 
 
 def node_name() -> str:

@@ -83,7 +83,8 @@ def train_task(run_dir: str) -> dict:
     tracking = observe.RunTracking(config, Path(run_dir), rank=dist_env.rank, local_rank=dist_env.local_rank)
     device, backend = device_and_backend(config.resources.gpus_per_node, synthetic=data_root is None)
     with tracking.attempt():
-        with distributed.process_group(dist_env, backend=backend):
+        # the device is bound (current) before the process group exists; see distributed.rank_device
+        with distributed.process_group(dist_env, backend=backend, device=device) as device:
             hostnames = _gather_hostnames(dist_env.world_size)
             if data_root is None:
                 result = _spine_loop(dist_env, config.train, config.checkpoint, Path(run_dir), stop)
@@ -200,7 +201,7 @@ def device_and_backend(gpus_per_node: int, *, synthetic: bool) -> tuple[str, str
 
 
 def _train_policy(config: Config, run_dir: Path, data_root: str, dist_env: distributed.DistEnv,
-                  stop: StopSignal, extra_sinks: list, device: str) -> dict:
+                  stop: StopSignal, extra_sinks: list, device: Any) -> dict:
     import dataclasses
 
     from embodyhpc.config.resolve import resolve

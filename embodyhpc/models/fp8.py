@@ -48,7 +48,7 @@ def convert_to_fp8(model: nn.Module, precision_cfg) -> nn.Module:
     """Swap the filtered Linear layers in place for the configured backend; returns the model."""
     if precision_cfg.fp8_backend == "torchao":
         return _convert_torchao(model, precision_cfg.fp8_recipe)
-    return _convert_te(model)
+    return convert_te(model)
 
 
 def _convert_torchao(model: nn.Module, recipe: str) -> nn.Module:
@@ -71,7 +71,7 @@ fp8_recipe=); Float8CurrentScaling came in 2.2 and Float8BlockScaling in 2.3. py
 range read (2.9-2.18); this check gives an install outside it a one-line error instead of an AttributeError."""
 
 
-def _import_te():
+def import_te():
     try:
         import transformer_engine
         import transformer_engine.pytorch as te
@@ -96,7 +96,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def _convert_te(model: nn.Module) -> nn.Module:
+def convert_te(model: nn.Module) -> nn.Module:
     """Swap the filtered nn.Linear layers for te.Linear with the same shapes, dtype and device.
 
     TE decides whether to defer initialisation with `device == "meta"`, a comparison with the string: a
@@ -104,7 +104,7 @@ def _convert_te(model: nn.Module) -> nn.Module:
     every rank at build time. So the device goes in as its string. A meta build stays on meta (materialize fills
     it by the model's init rules, which cover te.Linear); a real build copies the Linear's values.
     """
-    te = _import_te()
+    te = import_te()
     targets = [(fqn, module) for fqn, module in model.named_modules() if fp8_linear_filter(module, fqn)]
     for fqn, linear in targets:
         parent_name, _, child_name = fqn.rpartition(".")
@@ -140,7 +140,7 @@ def fp8_autocast(precision_cfg, amax_reduction_group=None):
     over which delayed scaling reduces its amaxes (the loop passes the default group)."""
     if not uses_te(precision_cfg):
         return contextlib.nullcontext()
-    return _import_te().autocast(enabled=True, recipe=te_recipe(precision_cfg.fp8_recipe),
+    return import_te().autocast(enabled=True, recipe=te_recipe(precision_cfg.fp8_recipe),
                                  amax_reduction_group=amax_reduction_group)
 
 
@@ -149,7 +149,7 @@ def checkpoint_fn(precision_cfg):
     te.distributed.checkpoint for fp8 with te, whose recompute re-enters the FP8 context of the forward (torch's
     checkpoint would recompute TE layers outside autocast, in bf16, against activations saved in fp8); None (torch's)
     otherwise."""
-    return _import_te().distributed.checkpoint if uses_te(precision_cfg) else None
+    return import_te().distributed.checkpoint if uses_te(precision_cfg) else None
 
 
 def is_fp8_layer(module: nn.Module) -> bool:

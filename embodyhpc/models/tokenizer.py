@@ -3,7 +3,8 @@
 - tiny / small: a built-in byte-level tokenizer (no files, nothing to download).
 - full: a local file named by `model.tokenizer_path` — a SentencePiece model (`*.model`, e.g. PaliGemma's, which
   the published pi0.5 vocabulary of 257152 ids comes from) or a Hugging Face `tokenizers` file (`*.json`).
-  The libraries are imported only when such a file is used (`pip install sentencepiece` / `tokenizers`).
+  The libraries are imported only when such a file is used: sentencepiece comes with the `train` extra,
+  tokenizers is optional (`pip install tokenizers`).
 
 pi0.5 puts the proprioceptive state into the prompt: each dimension (normalised to [-1, 1]) is quantised into
 `num_bins` bins and written as its bin number, "Task: pick up the cup, State: 12 200 31;\nAction: ".
@@ -49,7 +50,7 @@ class SentencePieceTokenizer:
             import sentencepiece
         except ImportError as exc:
             raise ConfigError(f"{path} is a SentencePiece model but the sentencepiece package is not installed",
-                              key=_KEY, fix="pip install sentencepiece") from exc
+                              key=_KEY, fix="pip install 'embodyhpc[train]' (or sentencepiece)") from exc
         self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
         self.vocab_size = self._sp.get_piece_size()
         self.pad_id = max(self._sp.pad_id(), 0)  # -1 when the model defines none; padding is masked anyway
@@ -108,14 +109,33 @@ def encode_prompt(tokenizer: Tokenizer, instruction: str, state: torch.Tensor | 
     """[bos] + "Task: <instruction>, State: <bins>;\\nAction: ", at most max_tokens ids (no State part when state
     is None: the model then reads the continuous state).
 
-    A long instruction is cut (its end) so that the state and the "Action: " cue always survive.
+    The prompt is encoded whole, in one call: SentencePiece marks the start of every piece it is given ("▁"),
+    so pieces encoded apart are not the tokens of the prompt ("cup" + ", State" decodes as "cup , State").
+    A long instruction is cut (its end) so that the state and the "Action: " cue always survive; the ids are
+    then those of the shortened prompt, encoded whole as well.
     """
     task = " ".join(instruction.strip().replace("_", " ").split())
-    head = ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + tokenizer.encode(f"Task: {task}")
     bins = "" if state is None else f", State: {' '.join(map(str, discretize_state(state, num_bins)))}"
-    tail = tokenizer.encode(f"{bins};\nAction: ")
-    room = max_tokens - len(tail)
-    if room < 1:
-        raise ConfigError(f"the prompt budget of {max_tokens} tokens cannot hold the {len(tail)} tokens of the "
-                          "state", key="model.max_token_len", fix="raise model.max_token_len")
-    return head[:room] + tail
+    bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
+
+    def encoded(task_chars: int) -> list[int]:
+        return bos + tokenizer.encode(f"Task: {task[:task_chars]}{bins};\nAction: ")
+
+    ids = encoded(len(task))
+    if len(ids) <= max_tokens:
+        return ids
+    shortest = encoded(0)
+    if len(shortest) > max_tokens:
+        raise ConfigError(f"the prompt budget of {max_tokens} tokens cannot hold the {len(shortest)} tokens of the "
+                          "prompt without its instruction (the state)", key="model.max_token_len",
+                          fix="raise model.max_token_len")
+    # the longest instruction prefix that fits; token counts need not grow with every character, so the search
+    # keeps `fits` as its invariant and returns a prefix that fits, not necessarily the longest one
+    fits, too_long = 0, len(task)
+    while too_long - fits > 1:
+        middle = (fits + too_long) // 2
+        if len(encoded(middle)) <= max_tokens:
+            fits = middle
+        else:
+            too_long = middle
+    return encoded(fits) if fits else shortest

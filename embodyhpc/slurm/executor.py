@@ -43,7 +43,7 @@ class RecipeExecutor(SlurmExecutor):
         return self.submitted_text
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-        return [*_without_job_environment(os.environ), "sbatch", *self._sbatch_args, str(submission_file_path)]
+        return [*without_job_environment(os.environ), "sbatch", *self._sbatch_args, str(submission_file_path)]
 
     def _internal_process_submissions(self, delayed_submissions: list[Any]) -> list[Any]:
         if not self._shape.array_size:
@@ -77,7 +77,7 @@ _JOB_NAMES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", 
 _KEEP = ("SLURM_CONF",)  # where the cluster's configuration is: sbatch needs it as much as the job did
 
 
-def _without_job_environment(environ: Mapping[str, str]) -> list[str]:
+def without_job_environment(environ: Mapping[str, str]) -> list[str]:
     """`env -u NAME ...` for a submission from inside a job (the training job submits evaluations of its
     checkpoints); nothing elsewhere, where SBATCH_* and the like are the user's own settings. A prefix for sbatch's
     command line rather than changes to os.environ, which the submitting job's other threads share."""

@@ -36,7 +36,7 @@ def shell_join(args: Iterable[str]) -> Shell:
     return Shell(" ".join(shlex.quote(str(a)) for a in args))
 
 
-def _finalize(value: object) -> str:
+def script_value(value: object) -> str:
     if isinstance(value, Shell):
         return value
     if value is None:
@@ -103,7 +103,7 @@ def template_env(templates_dir: str | None) -> jinja2.Environment:
     loaders.append(jinja2.FunctionLoader(_load_shipped))
     return ImmutableSandboxedEnvironment(
         loader=jinja2.ChoiceLoader(loaders),
-        finalize=_finalize,
+        finalize=script_value,
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,

@@ -32,14 +32,14 @@ class JobStatus:
         return self.state not in ACTIVE and self.state != "UNKNOWN"
 
 
-def _exit_code(text: str) -> int | None:
+def exit_code_of(text: str) -> int | None:
     code, _, sig = text.partition(":")
     if not code.isdigit():
         return None
     return int(code) if int(code) or not sig.isdigit() else 128 + int(sig) if int(sig) else 0
 
 
-def _array_count(job_id: str) -> int:
+def array_task_count(job_id: str) -> int:
     """123_[2-5%4] -> 4 elements, 123_7 -> 1."""
     match = re.search(r"_\[([^\]%]*)", job_id)
     if not match:
@@ -51,7 +51,7 @@ def _array_count(job_id: str) -> int:
     return total
 
 
-def _summarise_array(states: Counter) -> str:
+def summarise_array(states: Counter) -> str:
     if not states:
         return "UNKNOWN"
     if states.get("RUNNING"):
@@ -116,7 +116,7 @@ def _chain_status(info: RunInfo, grouped: dict[str, list[dict[str, str]]]) -> li
             counts: Counter = Counter()
             for row in rows:
                 if "_" in row["JobID"]:
-                    counts[row["State"]] += _array_count(row["JobID"])
+                    counts[row["State"]] += array_task_count(row["JobID"])
             parent = next((r for r in rows if r["JobID"] == record.job_id), None)
             if not counts and parent:  # the whole array still pending as one row
                 counts[parent["State"]] = record.array_size
@@ -124,9 +124,9 @@ def _chain_status(info: RunInfo, grouped: dict[str, list[dict[str, str]]]) -> li
             if unreported > 0:  # sacct lags a few seconds behind squeue: not done until reported
                 counts["PENDING"] += unreported
             reasons = {r["Reason"] for r in rows if r.get("Reason") not in (None, "", "None")}
-            codes = [_exit_code(r["ExitCode"]) for r in rows if r.get("ExitCode")]
+            codes = [exit_code_of(r["ExitCode"]) for r in rows if r.get("ExitCode")]
             statuses.append(JobStatus(
-                kind=record.kind, job_id=record.job_id, state=_summarise_array(counts),
+                kind=record.kind, job_id=record.job_id, state=summarise_array(counts),
                 reason=", ".join(sorted(reasons)) or None,
                 exit_code=max((c for c in codes if c is not None), default=None),
                 array_size=record.array_size, array_counts=dict(counts)))
@@ -136,6 +136,6 @@ def _chain_status(info: RunInfo, grouped: dict[str, list[dict[str, str]]]) -> li
             statuses.append(JobStatus(
                 kind=record.kind, job_id=record.job_id, state=row.get("State", "UNKNOWN"),
                 reason=None if reason in (None, "", "None") else reason,
-                exit_code=_exit_code(row.get("ExitCode", "")), nodes=row.get("NodeList") or None,
+                exit_code=exit_code_of(row.get("ExitCode", "")), nodes=row.get("NodeList") or None,
                 elapsed=row.get("Elapsed") or None))
     return statuses

@@ -60,6 +60,7 @@ from embodyhpc.data import open_dataset
 from embodyhpc.data.loader import build_dataloader
 from embodyhpc.data.normalize import StateNormalizer
 from embodyhpc.errors import ConfigError
+from embodyhpc.launch.distributed import rank_device
 from embodyhpc.models import build_model, build_tokenizer
 from embodyhpc.models.fp8 import FP8GemmCounter, fp8_autocast
 from embodyhpc.parallel import build_mesh, materialize, parallelize
@@ -112,7 +113,7 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
     `on_checkpoint(step, folder)`: rank 0, after each checkpoint is complete (Checkpointer's on_complete).
     """
     run_dir = Path(run_dir)
-    device = _rank_device(torch.device(device), dist_env.local_rank)
+    device = rank_device(device, dist_env.local_rank)  # current before anything below allocates on it
     _check_world(resolved, dist_env)
     rank, is_rank0 = dist_env.rank, dist_env.rank == 0
     accum = resolved.grad_accum_steps
@@ -135,7 +136,8 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
         collate_fn=Pi05Collate(model_cfg, build_tokenizer(model_cfg), normalizer))
     stream = BatchStream(loader, sampler)
 
-    ckpt = Checkpointer(run_dir / CHECKPOINT_DIR, checkpoint, seed=train_cfg.seed, on_complete=on_checkpoint)
+    ckpt = Checkpointer(run_dir / CHECKPOINT_DIR, checkpoint, seed=train_cfg.seed, device=device,
+                        on_complete=on_checkpoint)
     if is_rank0:  # beside the checkpoints: how to feed the policy, for exports of any step (final or not)
         write_policy_io(run_dir / CHECKPOINT_DIR, data.root, model_cfg, normalizer)
     loaded = ckpt.load_latest(model, optimizer)
@@ -216,15 +218,6 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
 
 
 # ---- set-up helpers ----
-def _rank_device(device: torch.device, local_rank: int) -> torch.device:
-    """A bare "cuda" becomes this rank's GPU (one per local rank), made current for NCCL and the RNG."""
-    if device.type == "cuda":
-        if device.index is None:
-            device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    return device
-
-
 def _check_world(resolved: Resolved, dist_env: RankInfo) -> None:
     if not dist.is_initialized():
         raise RuntimeError("train() needs an initialised process group (launch/distributed creates it)")

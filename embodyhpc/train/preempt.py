@@ -39,13 +39,12 @@ import threading
 from types import FrameType
 from typing import Any
 
+from embodyhpc.errors import REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE
+
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR2)
 """In increasing precedence: the agreed signal is the highest-ranked one any rank received."""
-REQUEUE_EXIT_CODE = 144
-"""Exit status of every rank after a requeue: submitit's own "requeue me" code (its local executor restarts the
-tasks on it); under Slurm the job's state is REQUEUED whatever the tasks return."""
 
 
 class Stopped(SystemExit):
@@ -56,7 +55,7 @@ class Stopped(SystemExit):
     a SIGTERM death's (after SIGTERM, Slurm cancels or requeues the job itself).
     """
 
-    def __init__(self, message: str, code: int = 128 + signal.SIGTERM) -> None:
+    def __init__(self, message: str, code: int = STOPPED_EXIT_CODE) -> None:
         super().__init__(code)
         self.message = message
 
@@ -145,14 +144,23 @@ class StopSignal:
         return self.signals.index(sig)
 
 
+_side_groups: dict[int, tuple[Any, Any]] = {}
+"""id(default group) -> (that group, its gloo side group); the group is held so that its id is not reused."""
+
+
 def cpu_group() -> Any:
-    """A process group for `StopSignal.agreed`: the default one when it is gloo, else a gloo group of its own.
+    """A process group for CPU collectives (`StopSignal.agreed`, the launcher's hostname gather): the default one
+    when it is gloo, else one gloo group of every rank, created on the first call and shared by later ones.
 
     With NCCL, a CPU flag cannot travel on the default group, and a GPU flag would make every step wait for the
-    GPU. Collective when it creates a group: every rank calls it at the same point.
+    GPU. One side group per default group: each gloo group holds a connection to every other rank, so one per
+    caller would multiply them. Collective on its first call: every rank calls it at the same point.
     """
     import torch.distributed as dist
 
     if dist.get_backend() == "gloo":
         return None
-    return dist.new_group(backend="gloo")
+    world = dist.group.WORLD
+    if id(world) not in _side_groups:
+        _side_groups[id(world)] = (world, dist.new_group(backend="gloo"))
+    return _side_groups[id(world)][1]

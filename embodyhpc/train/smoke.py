@@ -126,10 +126,10 @@ def _te_reason(recipe: str, *, check_device: bool) -> str | None:
     """Why transformer-engine cannot run `recipe` here: not installed, too old, or (on a GPU node) the GPU or CUDA
     lacks the recipe (te.is_fp8_available / is_fp8_block_scaling_available)."""
     from embodyhpc.errors import ConfigError
-    from embodyhpc.models.fp8 import _import_te
+    from embodyhpc.models.fp8 import import_te
 
     try:
-        te = _import_te()
+        te = import_te()
     except ConfigError as exc:
         return exc.message
     if not check_device:
@@ -213,11 +213,14 @@ def _rank_main(rank: int, path: SmokePath, steps: int, size: str, folder: str | 
     import torch
     import torch.distributed as dist
 
+    from embodyhpc.launch.distributed import set_flight_recorder_size
+
     device = torch.device("cuda", rank) if path.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     with tempfile.TemporaryDirectory() as scratch:
         store = f"file://{folder or scratch}/rendezvous"
+        set_flight_recorder_size(os.environ, torch.__version__)  # smoke jobs export the network profile too
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=store, rank=rank,
                                 world_size=path.ranks)
         try:

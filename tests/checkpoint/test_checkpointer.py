@@ -258,3 +258,132 @@ def test_a_failing_on_complete_never_fails_the_save(tmp_path, caplog):
         ckpt.save(2, model, optimizer, blocking=True)
     assert layout.list_steps(tmp_path).complete == [1, 2]
     assert "on_complete failed" in caplog.text and "Batch job submission failed" in caplog.text
+
+
+# ---- the GPU branches on CPU, with tests/cuda_doubles.py (torch 2.13's torch.cuda / DCP staging API) ----
+def test_the_cuda_rng_stream_of_the_ranks_gpu_round_trips_through_a_checkpoint(tmp_path, fake_cuda, caplog):
+    cuda = fake_cuda(2)
+    cuda.set_device(1)  # this rank's GPU (the loop makes it current first)
+    model, optimizer = _model_and_optimizer()
+    _train(model, optimizer)
+    cuda.draw(1)
+    saved, other = cuda.rng_states[1].clone(), cuda.rng_states[0].clone()
+    with _checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, model, optimizer, blocking=True)
+    state = rng.load_rng_file(layout.rng_file(layout.step_dir(tmp_path, 1), 0))
+    assert torch.equal(state["cuda"], saved)  # the current device's stream, not device 0's
+
+    model2, optimizer2 = _model_and_optimizer()  # torch.manual_seed: reseeds every device, as the real one does
+    for device in (1, 1, 0):  # device 0's stream moves too; restoring must leave it alone
+        cuda.draw(device)
+    drawn_other = cuda.rng_states[0].clone()
+    assert not torch.equal(cuda.rng_states[1], saved) and not torch.equal(drawn_other, other)
+    with _checkpointer(tmp_path) as ckpt:
+        assert ckpt.load_latest(model2, optimizer2).rng_restored
+    assert torch.equal(cuda.rng_states[1], saved) and torch.equal(cuda.rng_states[0], drawn_other)
+    assert [e for e in cuda.events if e[0] == "set_rng_state"] == [("set_rng_state", 1)]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_rank_that_never_initialised_cuda_captures_no_cuda_stream(fake_cuda):
+    cuda = fake_cuda(2, initialized=False)  # a CPU run on a GPU node: capturing must not initialise CUDA for it
+    assert "cuda" not in rng.capture_rng_state() and not cuda.initialized
+
+
+def _save_step_1(root) -> torch.Tensor:
+    """Save step 1; returns the CPU stream's next draws after the save (what a resume must draw again)."""
+    model, optimizer = _model_and_optimizer()
+    _train(model, optimizer)
+    with _checkpointer(root) as ckpt:
+        ckpt.save(1, model, optimizer, blocking=True)
+    return torch.rand(3)
+
+
+def _resume_warnings(root, caplog, expected_cpu_draws: torch.Tensor) -> list[str]:
+    caplog.clear()
+    model, optimizer = _model_and_optimizer()
+    with _checkpointer(root) as ckpt:
+        ckpt.load_latest(model, optimizer)
+    assert torch.equal(torch.rand(3), expected_cpu_draws)  # the CPU stream continues whatever the CUDA one does
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_gpu_checkpoint_resumed_without_a_gpu_says_so_in_one_line(tmp_path, fake_cuda, monkeypatch, caplog):
+    fake_cuda(1)
+    expected = _save_step_1(tmp_path)
+    assert "cuda" in rng.load_rng_file(layout.rng_file(layout.step_dir(tmp_path, 1), 0))
+    monkeypatch.undo()  # the CPU machine it really is
+    warnings = _resume_warnings(tmp_path, caplog, expected)
+    assert warnings == ["step-1, rank 0: the checkpoint holds a CUDA RNG stream but this rank has no GPU: it is "
+                        "not restored"]
+
+
+def test_a_cpu_checkpoint_resumed_on_a_gpu_says_so_in_one_line(tmp_path, fake_cuda, caplog):
+    expected = _save_step_1(tmp_path)
+    assert "cuda" not in rng.load_rng_file(layout.rng_file(layout.step_dir(tmp_path, 1), 0))
+    cuda = fake_cuda(2)
+    warnings = _resume_warnings(tmp_path, caplog, expected)
+    assert len(warnings) == 1 and "no CUDA RNG stream" in warnings[0] and "\n" not in warnings[0]
+    assert not [e for e in cuda.events if e[0] == "set_rng_state"]
+
+
+def _staged_storages(model, optimizer) -> int:
+    """Distinct storages of the DCP state large enough for DCP to pin (>= 5 bytes: the AdamW step counters are not)."""
+    from embodyhpc.checkpoint.state import model_and_optim_state
+
+    tensors = []
+
+    def walk(value):
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    walk(model_and_optim_state(model, optimizer))
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(1 for nbytes in storages.values() if nbytes >= 5)
+
+
+def test_async_saves_on_a_gpu_stage_into_pinned_buffers_reused_by_every_save(tmp_path, fake_cuda):
+    """DCP's DefaultStager with the Checkpointer's GPU options, run through dcp.async_save: the staging buffers are
+    registered (cudaHostRegister) once, the copies are followed by one synchronize per save, and the data written
+    is exact; close() unpins everything."""
+    import gc
+
+    cuda = fake_cuda(2)
+    cuda.set_device(1)
+    model, optimizer = _model_and_optimizer()
+    _train(model, optimizer)
+    expected_pins = _staged_storages(model, optimizer)
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(every_steps=1, keep_latest_k=3, async_save=True),
+                        device=torch.device("cuda", 1))
+    for step in (1, 2):
+        before = len(cuda.events)
+        ckpt.save(step, model, optimizer)
+        ckpt.wait()
+        kinds = [e[0] for e in cuda.events[before:]]
+        assert kinds.count("synchronize") == 1  # after the copies of this save, before the write
+        assert cuda.num_host_registrations == expected_pins  # the first save pins; the second reuses
+        reference = {k: v.clone() for k, v in model.state_dict().items()}
+        _train(model, optimizer)
+    ckpt.close()
+    gc.collect()
+    assert cuda.host_registered == {}  # every buffer unpinned once the stager lets go
+
+    restored, restored_optimizer = _model_and_optimizer()
+    with _checkpointer(tmp_path) as loader:
+        loader.load(2, restored, restored_optimizer)
+    assert all(torch.equal(restored.state_dict()[k], v) for k, v in reference.items())
+
+
+def test_a_cpu_run_on_a_gpu_node_stages_without_pinning(tmp_path, fake_cuda):
+    cuda = fake_cuda(2)
+    model, optimizer = _model_and_optimizer()
+    with Checkpointer(tmp_path, CheckpointConfig(every_steps=1, keep_latest_k=3, async_save=True),
+                      device="cpu") as ckpt:
+        ckpt.save(1, model, optimizer)
+    assert cuda.num_host_registrations == 0 and ("synchronize",) not in cuda.events

@@ -10,14 +10,14 @@ from embodyhpc.errors import ConfigError
 
 def test_ib_profile_environment_exactly():
     env = NetworkConfig(fabric="ib", hcas=["mlx5_0:1", "mlx5_1:1"], socket_ifname="ib0", gdr_level="PHB",
-                        cross_nic=0, qps_per_connection=4, ib_timeout=22, ib_retry_cnt=10, nvls=False,
+                        cross_nic=0, qps_per_connection=4, ib_timeout=22, ib_retry_cnt=7, nvls=False,
                         extra_env={"NCCL_ALGO": "Ring"}).environment()
     assert env == {
         "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1", "NCCL_SOCKET_IFNAME": "ib0",
         "GLOO_SOCKET_IFNAME": "ib0", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_CROSS_NIC": "0",
-        "NCCL_IB_QPS_PER_CONNECTION": "4", "NCCL_IB_TIMEOUT": "22", "NCCL_IB_RETRY_CNT": "10",
+        "NCCL_IB_QPS_PER_CONNECTION": "4", "NCCL_IB_TIMEOUT": "22", "NCCL_IB_RETRY_CNT": "7",
         "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "600", "NCCL_ALGO": "Ring"}
 
 

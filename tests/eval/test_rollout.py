@@ -51,6 +51,31 @@ def test_run_episode_accounting():
         rollout(ConstantPolicy(1.0), max_steps=0)
 
 
+def test_cameras_are_rendered_for_the_observations_the_policy_reads():
+    """A receding-horizon policy (3 actions per chunk) reads observations 0, 3, 6 ...: the env renders those only."""
+    told = []
+
+    class SparseEnv(LineSuite(["walk"]).make_env("walk", 0, 0).__class__):
+        def observe_images(self, on):
+            told.append(on)
+
+    class Chunked(ConstantPolicy):
+        def act(self, obs):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().act(obs)
+
+        def reads_next_observation(self):
+            return self.calls % 3 == 0
+
+    env = SparseEnv("walk", 0, 0, 20, 16)
+    run_episode(env, Chunked(-1.0), Episode("walk", 0, 0), max_steps=7)
+    # before step t the env learns whether the observation step t returns is read (steps 3 and 6 re-plan)
+    assert told == [False, False, True, False, False, True, False]
+    told.clear()
+    run_episode(SparseEnv("walk", 0, 0, 20, 16), ConstantPolicy(-1.0), Episode("walk", 0, 0), max_steps=3)
+    assert told == [True, True, True]  # a policy that does not say reads every observation
+
+
 def test_run_shard_writes_complete_jsonl_and_videos(tmp_path):
     suite = LineSuite(["walk", "run"], image_size=16)
     episodes = plan_shards(["walk", "run"], [0, 1], 3, 2)[0]

@@ -50,3 +50,25 @@ def test_a_site_registers_its_own_suite():
     suite = make_suite("line-test", ["walk"], image_size=8)
     assert isinstance(suite, Suite) and isinstance(suite.make_env("walk", 0, 0), EvalEnv)
     assert "line-test" in available_suites()
+
+
+def test_validate_asks_the_registry_which_suites_and_options_exist():
+    from embodyhpc.config.load import load_recipe
+    from embodyhpc.errors import ConfigError
+
+    libero = load_recipe("smoke_cpu", ["eval.shards=1", "eval.suite=libero", "eval.tasks=[libero_spatial]",
+                                       "eval.suite_options.convention=openpi"]).config.eval
+    assert libero.suite == "libero" and dict(libero.suite_options) == {"convention": "openpi"}
+    with pytest.raises(ConfigError, match="eval.suite") as refused:
+        load_recipe("smoke_cpu", ["eval.shards=1", "eval.suite=nope"])
+    assert "libero" in str(refused.value)  # the choices come from the registry
+    for bad in ("eval.suite_options.bogus=1", "eval.suite_options.cameras=[x]", "eval.suite_options.tasks=[x]"):
+        with pytest.raises(ConfigError, match="eval.suite_options"):
+            load_recipe("smoke_cpu", ["eval.shards=1", "eval.suite=libero", "eval.tasks=[libero_spatial]", bad])
+    with pytest.raises(ConfigError, match="pusht suite has no option 'convention'"):
+        load_recipe("smoke_cpu", ["eval.shards=1", "eval.suite=pusht", "eval.tasks=[pusht]",
+                                  "eval.suite_options.convention=x"])
+    register_suite("line-test", LineSuite, replace=True)  # a site's suite: accepted with its own options
+    line = load_recipe("smoke_cpu", ["eval.shards=1", "eval.suite=line-test", "eval.tasks=[walk]",
+                                     "eval.suite_options.limit=5"])
+    assert line.config.eval.suite_options == {"limit": 5}

@@ -152,3 +152,14 @@ def test_bad_gid_index_variable_and_bad_options(node):
     assert any(c.name == "nccl_env" and c.status is Status.WARN for c in report.checks)
     with pytest.raises(UserError, match="doctor.num_nodes"):
         DoctorOptions(num_nodes=0)
+
+
+def test_out_of_range_nccl_variables_on_the_node_are_a_warning(node):
+    """A node whose shell profile exports values NCCL would mask or misread (the job inherits them)."""
+    _, options = node
+    env = {**NODE, "NCCL_IB_RETRY_CNT": "10", "NCCL_IB_TIMEOUT": "022", "NCCL_DEBUG": "WARN"}
+    report = run_doctor(options(), gpu_backend=_gpus(nvml_stub.healthy(8)), environ=env)
+    check = [c for c in report.checks if c.name == "nccl_env"][0]
+    assert check.status is Status.WARN and report.exit_code() == 0
+    assert "NCCL_IB_RETRY_CNT=10 is out of range: 0-7" in check.reason
+    assert "NCCL_IB_TIMEOUT='022' is not a plain decimal integer" in check.reason

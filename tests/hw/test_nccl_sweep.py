@@ -43,7 +43,8 @@ def test_sizes_and_variants_parse():
     assert sweep.parse_variant("qps4:NCCL_IB_QPS_PER_CONNECTION=4, NCCL_BUFFSIZE=8388608") == (
         "qps4", {"NCCL_IB_QPS_PER_CONNECTION": "4", "NCCL_BUFFSIZE": "8388608"})
     assert sweep.parse_variant("base:") == ("base", {})
-    for bad in ("noname", ":A=1", "x:A", "x:1A=2"):
+    for bad in ("noname", ":A=1", "x:A", "x:1A=2", "retry:NCCL_IB_RETRY_CNT=10", "qps:NCCL_IB_QPS_PER_CONNECTION=0x4",
+                "socks:NCCL_SOCKET_NTHREADS=16,NCCL_NSOCKS_PERTHREAD=8"):
         with pytest.raises(ValueError):
             sweep.parse_variant(bad)
     with pytest.raises(ValueError):

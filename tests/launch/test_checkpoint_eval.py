@@ -14,7 +14,7 @@ from embodyhpc.config.schema import CheckpointConfig
 from embodyhpc.launch import checkpoint_eval
 from embodyhpc.launch.export import export_task
 from embodyhpc.rundir import RunInfo, make_run_dir
-from embodyhpc.slurm.executor import _without_job_environment
+from embodyhpc.slurm.executor import without_job_environment
 from embodyhpc.slurm.render import chain_kinds
 from embodyhpc.submit import start_run
 
@@ -97,13 +97,13 @@ def test_sbatch_from_inside_a_job_leaves_the_job_environment_behind():
     inside = {"SLURM_JOB_ID": "41", "SLURM_NTASKS": "2", "SLURMD_NODENAME": "n1", "SRUN_DEBUG": "3",
               "SUBMITIT_EXECUTOR": "slurm", "RANK": "0", "MASTER_ADDR": "n1", "SBATCH_ACCOUNT": "robotics",
               "PATH": "/usr/bin", "NCCL_IB_HCA": "mlx5_0", "SLURM_CONF": "/etc/slurm-site/slurm.conf"}
-    command = _without_job_environment(inside)
+    command = without_job_environment(inside)
     assert command[0] == "env"
     assert sorted(command[2::2]) == ["MASTER_ADDR", "RANK", "SLURMD_NODENAME", "SLURM_JOB_ID", "SLURM_NTASKS",
                                      "SRUN_DEBUG", "SUBMITIT_EXECUTOR"]
     assert set(command[1::2]) == {"-u"}  # SLURM_CONF stays: without it sbatch cannot find the controller
     # from a login shell, SBATCH_* and everything else are the user's own settings: untouched
-    assert _without_job_environment({"SBATCH_ACCOUNT": "robotics", "SLURM_CONF": "/etc/slurm.conf"}) == []
+    assert without_job_environment({"SBATCH_ACCOUNT": "robotics", "SLURM_CONF": "/etc/slurm.conf"}) == []
 
 
 def _children(uri: str, parent_run_id: str) -> dict[str, dict]:

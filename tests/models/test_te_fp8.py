@@ -146,11 +146,11 @@ def test_the_small_vision_tower_feeds_fp8_gemms_token_counts_they_accept(te_doub
     vision = dataclasses.replace(shape_for("small").vision, depth=1)
     tower = VisionTower(vision)
     nn.init.normal_(tower.position_embedding, std=0.02)
-    from embodyhpc.models.fp8 import _convert_te
+    from embodyhpc.models.fp8 import convert_te
 
     reference = VisionTower(vision)
     reference.load_state_dict(tower.state_dict())
-    _convert_te(_Prefixed(tower))
+    convert_te(_Prefixed(tower))
     assert te_linears(tower)
     images = torch.rand(3, 3, 224, 224)
     with fp8_autocast(TE):

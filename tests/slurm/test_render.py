@@ -107,10 +107,10 @@ def test_hostile_recipe_values_render_inert(tmp_path):
 def test_render_refuses_control_characters_even_from_code(tmp_path):
     import jinja2
 
-    from embodyhpc.slurm.render import _finalize
+    from embodyhpc.slurm.render import script_value
 
     with pytest.raises(jinja2.TemplateError):
-        _finalize("a\nb")
+        script_value("a\nb")
 
 
 def test_site_templates_dir_overrides_one_template(tmp_path):

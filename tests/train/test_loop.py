@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from embodyhpc.checkpoint import list_steps, load_exported, read_latest, read_marker
+from embodyhpc.config.resolve import resolve
 from embodyhpc.data.sampler import epoch_permutation
+from embodyhpc.train.loop import train
 from embodyhpc.train.metrics import METRIC_FIELDS
 from tests.parallel.harness import run_ranks
 from tests.train import workers
@@ -143,3 +146,15 @@ def test_resume_on_another_world_size_continues_the_same_sample_order(full_run, 
     assert sorted(drawn) == sorted(order) and len(set(drawn)) == total, "a sample repeated or skipped"
     trainer = json.loads((resumed / "checkpoints" / "step-4" / "trainer.json").read_text())
     assert trainer["sampler"]["num_consumed"] == total
+
+
+def test_a_gpu_rank_makes_its_local_gpu_current_before_anything_else(fake_cuda, tmp_path):
+    """Global rank 3 with local rank 1 on a node of 2 GPUs (tests/cuda_doubles.py): cuda:1 becomes current before
+    the loop touches the process group (here there is none, so the loop stops right there) or allocates."""
+    cuda = fake_cuda(2)
+    cfg = workers.recipe(4, steps=1, every_steps=1)
+    with pytest.raises(RuntimeError, match="needs an initialised process group"):
+        train(data=cfg.data, model_cfg=cfg.model, precision=cfg.precision, parallelism=cfg.parallelism,
+              train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=tmp_path,
+              dist_env=SimpleNamespace(rank=3, world_size=4, local_rank=1), device="cuda")
+    assert cuda.events == [("set_device", 1)]

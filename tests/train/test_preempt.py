@@ -15,6 +15,8 @@ import pytest
 from embodyhpc.errors import SlurmError
 from embodyhpc.launch import train as launch_train
 from embodyhpc.train.preempt import REQUEUE_EXIT_CODE, Requeued, Stopped, StopSignal
+from tests.parallel.harness import run_ranks
+from tests.train import workers
 
 
 def test_a_signal_only_sets_a_flag_and_the_previous_handler_comes_back():
@@ -172,12 +174,32 @@ def test_local_run_signalled_on_one_rank_restarts_and_resumes_at_the_saved_step(
     assert train["resumed_from_step"] == attempts[0]["step"] and train["restart_count"] == 1
 
 
-def test_launch_observer_reads_the_same_exit_codes():
-    """launch/observe.py maps exit codes to MLflow statuses without importing torch: the numbers must agree."""
-    import signal as signals
-
+def test_the_run_status_follows_how_the_attempt_ended(tmp_path):
+    """launch/observe.py (torch-free) turns the exceptions preempt.py raises into the MLflow run's status."""
     from embodyhpc.launch import observe
-    from embodyhpc.train import preempt
 
-    assert observe.REQUEUE_EXIT_CODE == preempt.REQUEUE_EXIT_CODE
-    assert observe.STOPPED_EXIT_CODE == preempt.Stopped("x").code == 128 + signals.SIGTERM
+    closed = []
+
+    class Sink:
+        def close(self, status):
+            closed.append(status)
+
+    for exc, status in ((Requeued("requeued at step 7"), "RUNNING"), (Stopped("stopped at step 7"), "KILLED"),
+                        (SystemExit(1), "FAILED")):
+        tracking = object.__new__(observe.RunTracking)
+        tracking.sampler, tracking.sink = None, Sink()
+        with pytest.raises(SystemExit), tracking.attempt():
+            raise exc
+        assert closed.pop() == status
+
+
+def test_under_nccl_the_stop_agreement_and_hostname_gather_run_on_a_gloo_side_group_of_every_rank():
+    """2 gloo ranks whose default group answers "nccl" to get_backend (a GPU job's main backend): cpu_group()
+    creates one gloo group of the same ranks, and the CPU collectives run there, never on the (NCCL) default group."""
+    results = run_ranks(workers.cpu_group_under_nccl_job, 2)
+    for result in results:
+        assert result["new_groups"] == [{"args": (), "backend": "gloo"}]  # one, of every rank of the world
+        assert result["side_backend"] == "gloo" and result["side_ranks"] == [0, 1]
+        assert result["agreed"] == "SIGUSR2"  # rank 1's signal reached rank 0 through the side group
+        assert result["collectives"] == [("all_reduce", "side"), ("all_gather", "side")]
+        assert result["num_hostnames"] == 2

@@ -143,3 +143,47 @@ def _te_layer_names(model_cfg: ModelConfig):
     with torch.device("meta"):
         model = build_model(model_cfg)
     return [name for name, module in model.named_modules() if fp8_linear_filter(module, name)]
+
+
+def cpu_group_under_nccl_job(rank: int, world_size: int) -> dict[str, Any]:
+    """On a gloo group made to look like NCCL (get_backend answers "nccl", as in a GPU job): the side group
+    cpu_group() creates, and which group the stop agreement and the launcher's hostname gather run on."""
+    import torch.distributed as dist
+
+    from embodyhpc.launch import train as launch_train
+    from embodyhpc.train.preempt import StopSignal, cpu_group
+
+    real_get_backend, real_new_group = dist.get_backend, dist.new_group
+    real_all_reduce, real_all_gather = dist.all_reduce, dist.all_gather
+    new_groups: list[dict[str, Any]] = []
+    used: list[tuple[str, Any]] = []
+
+    def new_group(*args, **kwargs):
+        new_groups.append({"args": args, **kwargs})
+        return real_new_group(*args, **kwargs)
+
+    def all_reduce(tensor, *args, group=None, **kwargs):
+        used.append(("all_reduce", group))
+        return real_all_reduce(tensor, *args, group=group, **kwargs)
+
+    def all_gather(tensors, tensor, *args, group=None, **kwargs):
+        used.append(("all_gather", group))
+        return real_all_gather(tensors, tensor, *args, group=group, **kwargs)
+
+    dist.get_backend = lambda group=None: "nccl" if group in (None, dist.group.WORLD) else real_get_backend(group)
+    dist.new_group, dist.all_reduce, dist.all_gather = new_group, all_reduce, all_gather
+    try:
+        side = cpu_group()
+        stop = StopSignal()
+        if rank == world_size - 1:
+            stop.request(signal.SIGUSR2)  # only the last rank received it
+        agreed = stop.agreed(side)
+        hostnames = launch_train._gather_hostnames(world_size)
+    finally:
+        dist.get_backend, dist.new_group = real_get_backend, real_new_group
+        dist.all_reduce, dist.all_gather = real_all_reduce, real_all_gather
+    return {"new_groups": [{k: v for k, v in call.items() if k != "timeout"} for call in new_groups],
+            "side_backend": real_get_backend(side), "side_ranks": dist.get_process_group_ranks(side),
+            "agreed": agreed,
+            "collectives": [(name, "side" if group is side else "gloo" if group is not None else "default")
+                            for name, group in used], "num_hostnames": len(hostnames)}
