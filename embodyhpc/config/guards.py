@@ -1,8 +1,9 @@
 """Checks on the recipe layers before they are merged: who may set what, and what interpolation may cost.
 
-- Keys that choose what code runs on the cluster (the python, the templates, the container, modules, the job
-  environment, secrets) come only from a site profile: a shared recipe or a `key=value` pasted from a chat must
-  not be able to run code when someone previews or submits it.
+- Keys that choose what code runs on the cluster (the python, the templates, the container, modules, secrets, and
+  job environment variables that load code: LD_PRELOAD, PYTHONPATH, BASH_ENV ...) come only from a site
+  profile: a shared recipe or a `key=value` pasted from a chat must not be able to run code when someone previews
+  or submits it.
 - Secrets never enter the recipe: `${oc.env:HF_TOKEN}` would write the token into resolved.yaml, the MLflow
   params and the sbatch scripts. A site profile lists them in `site.secrets`; jobs inherit them from the
   submitting environment (sbatch exports it), and nothing embodyhpc writes holds them.
@@ -18,12 +19,13 @@ from typing import Any
 from embodyhpc.errors import ConfigError
 
 # prefixes of dotted keys only a site profile may set
-SITE_ONLY_KEYS = ("site.python", "site.templates_dir", "site.container", "site.modules", "site.env",
-                  "site.secrets")
-# variables that choose what code a job loads: only a site profile may export them (site.env is site-only;
-# network.extra_env is where a recipe tunes NCCL, so there only these names are site-only)
-_CODE_ENV = re.compile(r"^(LD_\w+|PYTHON\w*|PATH|BASH_ENV|ENV|PROMPT_COMMAND|NCCL_\w*PLUGIN\w*|"
-                       r"CUDA_INJECTION\w*|ENROOT_\w+|PYXIS_\w+|SUBMITIT_\w+|MUJOCO_PLUGIN\w*)$")
+SITE_ONLY_KEYS = ("site.python", "site.templates_dir", "site.container", "site.modules", "site.secrets")
+# environment variables that choose what code a job loads (the dynamic loader, Python, the shell, plugins, caches of
+# compiled kernels): in site.env and network.extra_env only a site profile may set them; a recipe may tune the rest
+_CODE_ENV = re.compile(r"^(LD_\w+|PYTHON\w*|PATH|BASH_ENV|ENV|PROMPT_COMMAND|SHELLOPTS|BASHOPTS|IFS|"
+                       r"NCCL_\w*PLUGIN\w*|CUDA_INJECTION\w*|ENROOT_\w+|PYXIS_\w+|SUBMITIT_\w+|MUJOCO_PLUGIN\w*|"
+                       r"TORCHINDUCTOR_\w+|TRITON_\w+|TORCH_EXTENSIONS_DIR|HF_MODULES_CACHE|EMBODYHPC_\w+)$")
+_ENV_SECTIONS = ("site.env.", "network.extra_env.")
 # anywhere in a name: a secret; as its last word only (max_token_len is a length, HF_TOKEN a token)
 _SECRET_WORDS = ("secret", "secrets", "password", "passwd", "passphrase", "credential", "credentials", "apikey")
 _SECRET_LAST_WORDS = ("token", "key", "auth", "pwd", "cookie", "pat")
@@ -48,12 +50,31 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): data}
 
 
+def strip_site_only(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a layer without the keys only a site profile may set (a resolved config someone handed over)."""
+    def keep(prefix: str, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for k, v in value.items():
+            key = f"{prefix}{k}"
+            section = next((p for p in _ENV_SECTIONS if key.startswith(p)), None)
+            if any(key == p or key.startswith(p + ".") for p in SITE_ONLY_KEYS) or (
+                    section is not None and _CODE_ENV.match(key[len(section):])):
+                continue
+            out[k] = keep(f"{key}.", v)
+        return out
+
+    return keep("", data)
+
+
 def check_layer(data: dict[str, Any], where: str, *, is_site: bool) -> None:
     """Refuse site-only keys outside a site profile, and secrets read into the recipe from the environment."""
     for key, value in _flatten(data).items():
         if not is_site and value not in (None, "", [], {}):
             only = next((p for p in SITE_ONLY_KEYS if key == p or key.startswith(p + ".")), None)
-            if only is None and key.startswith("network.extra_env.") and _CODE_ENV.match(key.split(".", 2)[2]):
+            section = next((p for p in _ENV_SECTIONS if key.startswith(p)), None)
+            if only is None and section is not None and _CODE_ENV.match(key[len(section):]):
                 only = key
             if only is not None:
                 raise ConfigError(f"{only} chooses what code runs on the cluster: only a site profile may set it",

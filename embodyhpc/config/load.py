@@ -330,7 +330,7 @@ def load_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: 
     source = find_recipe(recipe)
     layers = _recipe_layers(source)
     if recipe_site_keys == "drop":
-        layers = [Layer(layer.where, _without_site_only(layer.data), layer.keys) for layer in layers]
+        layers = [Layer(layer.where, guards.strip_site_only(layer.data), layer.keys) for layer in layers]
     for layer in layers:
         guards.check_layer(layer.data, layer.where, is_site=recipe_site_keys == "keep")
     site_source = _site_source(site)
@@ -364,14 +364,6 @@ def load_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: 
     return LoadedRecipe(config=config, resolved=resolved, recipe=source.name,
                         site=site_source.name if site_source else None, overrides=tuple(overrides),
                         provenance=provenance)
-
-
-def _without_site_only(data: dict[str, Any]) -> dict[str, Any]:
-    site = data.get("site")
-    if not isinstance(site, dict):
-        return data
-    kept = {k: v for k, v in site.items() if f"site.{k}" not in guards.SITE_ONLY_KEYS}
-    return {**data, "site": kept}
 
 
 def _located(exc: ConfigError, provenance: dict[str, str]) -> ConfigError:

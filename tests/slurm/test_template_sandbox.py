@@ -130,8 +130,10 @@ SITE_ONLY = [
     ("site.container.workdir", "/tmp"),
     ("site.container.extra_args", "['--container-env=LD_PRELOAD']"),
     ("site.modules", "[evil]"),
-    ("site.env.FOO", "bar"),
+    ("site.env.LD_PRELOAD", "/tmp/evil.so"),
     ("site.env", "{BASH_ENV: /tmp/x}"),
+    ("site.env.PATH", "/tmp/evil:/usr/bin"),
+    ("site.env.TORCHINDUCTOR_CACHE_DIR", "/tmp/evil-kernels"),
     ("site.secrets", "[HF_TOKEN]"),
     ("site", "{python: /tmp/evil}"),
     ("site.container", "{image: evil.sqsh}"),
@@ -180,8 +182,23 @@ def test_code_choosing_keys_from_a_site_profile_are_accepted(cli, tmp_path):
 
 
 def test_nccl_tuning_from_a_recipe_stays_allowed(cli):
-    result = cli("render", DEMO, "--job", "train", "network.extra_env.NCCL_NSOCKS_PERTHREAD=4")
+    result = cli("render", DEMO, "--job", "train", "network.extra_env.NCCL_NSOCKS_PERTHREAD=4",
+                 "site.env.OMP_NUM_THREADS=4")
     assert result.code == 0, result.err
+
+
+def test_eval_of_handed_over_weights_drops_their_code_choosing_keys(tmp_path):
+    """`embodyhpc eval --ckpt` reads the config next to someone's weights: its python, container and code-loading
+    variables are dropped, and the site profile given now supplies them."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"site": {"python": "/tmp/evil/python", "env": {"LD_PRELOAD": "/tmp/e.so",
+                                                                                     "OMP_NUM_THREADS": "2"},
+                                               "container": {"image": "evil.sqsh"}},
+                                      "network": {"extra_env": {"PYTHONPATH": "/tmp/evil"}}}))
+    loaded = load_recipe(str(config), recipe_site_keys="drop")
+    site = loaded.config.site
+    assert site.python is None and site.container.image is None and dict(site.env) == {"OMP_NUM_THREADS": "2"}
+    assert "PYTHONPATH" not in loaded.config.network.extra_env
 
 
 # ---------------------------------------------------------------- refused files are never echoed
