@@ -215,21 +215,6 @@ def test_submit_of_a_long_name_creates_nothing(cli, runs_root):
     assert list(runs_root.iterdir()) == []
 
 
-def test_mlflow_failure_is_one_warning_line_never_silent(tmp_path, capfd):
-    """A store that cannot be opened costs the dashboards, and says so in one line (tracking never silently off)."""
-    from embodyhpc.config.load import load_recipe
-    from embodyhpc.submit import _create_mlflow_run
-
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    loaded = load_recipe(DEMO, ["tracking.enabled=true", f"tracking.mlflow_uri=sqlite:///{blocker}/mlflow.db"])
-    said: list[str] = []
-    capfd.readouterr()
-    assert _create_mlflow_run(loaded, tmp_path / "run", said.append) is None
-    assert len(said) == 1 and said[0].startswith("warning: MLflow tracking off for this run: ")
-    assert "\n" not in said[0] and "Traceback" not in capfd.readouterr().err
-
-
 @pytest.mark.parametrize("runs_root", ["/tmp/runs%j", "", "/tmp/it's"])
 def test_bad_runs_root_from_a_site_profile_names_the_profile(cli, tmp_path, runs_root):
     site = tmp_path / "site.yaml"
