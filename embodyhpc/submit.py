@@ -34,7 +34,7 @@ def preflight(loaded: LoadedRecipe, python: str, *, submitting: bool, eval_only:
     Returns warnings; errors raise ConfigError."""
     from embodyhpc.config.paths import check_paths
 
-    warnings = check_paths(loaded, submitting=submitting)
+    warnings = check_paths(loaded, submitting=submitting, training=not eval_only)
     for kind in chain_kinds(loaded, eval_only=eval_only):
         render_job(loaded, kind, Path("/nonexistent-run-dir"), python)
     return warnings

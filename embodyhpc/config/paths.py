@@ -22,9 +22,10 @@ def visible_here(path: Path) -> bool:
     return len(parts) < 2 or Path(parts[0], parts[1]).exists()
 
 
-def check_paths(loaded: LoadedRecipe, *, submitting: bool = False) -> list[str]:
+def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: bool = True) -> list[str]:
     """Errors (ConfigError, naming the key and the layer that set it) for what cannot work; warnings for what
-    cannot be checked from here. `submitting`: a required value still unset is an error, not a warning."""
+    cannot be checked from here. `submitting`: a required value still unset is an error, not a warning.
+    `training`: the chain trains (an evaluation of existing weights reads no dataset)."""
     cfg = loaded.config
     warnings: list[str] = []
 
@@ -49,7 +50,7 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False) -> list[str]:
         warnings.append(f"{key}={value}: not visible from this machine ({absolute.parts[1]!r} is not mounted "
                         "here); the job checks it on the cluster")
 
-    if cfg.data.format != "synthetic" and cfg.data.root:
+    if training and cfg.data.format != "synthetic" and cfg.data.root:
         check("data.root", cfg.data.root, "dataset")
     if cfg.model.tokenizer_path:
         check("model.tokenizer_path", cfg.model.tokenizer_path, "tokenizer file")

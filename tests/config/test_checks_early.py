@@ -169,3 +169,15 @@ def test_dry_run_makes_the_nccl_environment_check_of_submit(cli, monkeypatch, ru
                  "--dry-run")
     _assert_rejected(result, "NCCL_SOCKET_IFNAME", "eth9")
     assert list(runs_root.iterdir()) == []
+
+
+def test_evaluating_existing_weights_does_not_need_the_dataset(tmp_path):
+    """`embodyhpc eval --ckpt` reads no dataset: a training set deleted since is no reason to refuse it."""
+    from embodyhpc.config.load import load_recipe
+    from embodyhpc.errors import ConfigError
+    from embodyhpc.submit import preflight
+
+    loaded = load_recipe(DEMO, ["data.format=lerobot", f"data.root={tmp_path}/gone", f"eval.weights={tmp_path}"])
+    assert preflight(loaded, "/usr/bin/python3", submitting=True, eval_only=True) == []
+    with pytest.raises(ConfigError, match="data.root"):
+        preflight(loaded, "/usr/bin/python3", submitting=True)
