@@ -34,14 +34,18 @@ RunDir = Annotated[Path, typer.Argument(help="Run directory printed by `embodyhp
 AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
-def _load(recipe: str, overrides: list[str] | None, site: str | None):
+def _load(recipe: str, overrides: list[str] | None, site: str | None, **options):
     from embodyhpc.config.load import load_recipe
 
-    return load_recipe(recipe, overrides or [], site=site)
+    return load_recipe(recipe, overrides or [], site=site, **options)
 
 
-def _python(loaded) -> str:
-    return loaded.config.site.python or sys.executable
+def _python(loaded, local: bool = False) -> str:
+    """site.python; else the container's python3 for a container site (rendered and submitted jobs), else this
+    interpreter (and always this one for --local runs, which use no container)."""
+    from embodyhpc.slurm.render import job_python
+
+    return sys.executable if local and not loaded.config.site.python else job_python(loaded.config)
 
 
 def _check_kind(job: str | None) -> None:
@@ -71,7 +75,11 @@ def recipes_show(recipe: Recipe, overrides: Overrides = None, site: Site = None)
 @app.command()
 def validate(recipe: Recipe, overrides: Overrides = None, site: Site = None) -> None:
     """Check a recipe; print the resolved job shape."""
+    from embodyhpc.submit import preflight
+
     loaded = _load(recipe, overrides, site)
+    for warning in preflight(loaded, _python(loaded), submitting=False):
+        typer.echo(f"warning: {warning}", err=True)
     r = loaded.resolved
     typer.echo(f"ok: {loaded.recipe}" + (f" + {loaded.site}" if loaded.site else ""))
     typer.echo(f"  train: {loaded.config.resources.nodes} node(s) x {r.procs_per_node} rank(s) = "
@@ -91,10 +99,12 @@ def render(
 ) -> None:
     """Print the sbatch scripts exactly as `submit` would hand them to Slurm."""
     from embodyhpc.slurm.render import chain_kinds, render_job
-    from embodyhpc.submit import default_run_dir
+    from embodyhpc.submit import default_run_dir, preflight
 
     _check_kind(job)
     loaded = _load(recipe, overrides, site)
+    for warning in preflight(loaded, _python(loaded), submitting=False):
+        typer.echo(f"warning: {warning}", err=True)
     target = run_dir.resolve() if run_dir else default_run_dir(loaded.config.job)
     kinds = [job] if job else chain_kinds(loaded)
     for i, kind in enumerate(kinds):
@@ -117,10 +127,11 @@ def submit(
 
     loaded = _load(recipe, overrides, site)
     if dry_run:
-        typer.echo(submitting.dry_run(loaded, _python(loaded)), nl=False)
+        typer.echo(submitting.dry_run(loaded, _python(loaded), progress=lambda msg: typer.echo(msg, err=True)),
+                   nl=False)
         return
     say = (lambda msg: typer.echo(msg, err=True)) if as_json else typer.echo
-    info = submitting.submit(loaded, _python(loaded), local=local, progress=say)
+    info = submitting.submit(loaded, _python(loaded, local), local=local, progress=say)
     if info.backend == "local":  # the chain has run: show where it got
         say(submitting.local_summary(Path(info.run_dir)))
     _print_run(info, as_json)
@@ -163,10 +174,13 @@ def eval_cmd(
     source = evaluate.resolve_source(ckpt)
     extra = [f"eval.suite={suite}"] if suite else []
     weights = source.weights or source.checkpoint  # a checkpoint: the chain exports it first
-    loaded = _load(str(source.config_path), [*extra, f"eval.weights={weights}", *(overrides or [])], site)
+    # the weights' config may come from someone else: its site-only keys (python, templates, container) are
+    # dropped, and the site profile given now supplies them
+    loaded = _load(str(source.config_path), [*extra, f"eval.weights={weights}", *(overrides or [])], site,
+                   recipe_site_keys="drop")
     if source.mlflow_parent:
         say(f"attaching to MLflow run {source.mlflow_parent} of {source.source_run}")
-    info = submitting.submit(loaded, _python(loaded), local=local, progress=say, eval_only=True,
+    info = submitting.submit(loaded, _python(loaded, local), local=local, progress=say, eval_only=True,
                              mlflow_parent=source.mlflow_parent)
     _print_run(info, as_json)
 

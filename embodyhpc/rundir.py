@@ -220,9 +220,18 @@ def make_run_dir(path: Path) -> bool:
     """Create `path` with the run subfolders; False when it exists already (someone else made it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        path.mkdir()
+        path.mkdir(mode=0o700)  # private: scripts, logs and pickles can hold what the job's environment holds
     except FileExistsError:
         return False
+    path.chmod(0o700)  # mkdir's mode is masked by the umask; 0700 is what we mean whatever the umask
     for sub in SUBDIRS:
-        (path / sub).mkdir()
+        (path / sub).mkdir(mode=0o700)
     return True
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (0600): resolved configs and scripts of a run."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)

@@ -16,7 +16,7 @@ from pathlib import Path
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.config.schema import JobConfig
 from embodyhpc.evaluate import evaluated_checkpoint
-from embodyhpc.rundir import RESOLVED_YAML, RunInfo, new_run_dir
+from embodyhpc.rundir import RESOLVED_YAML, RunInfo, new_run_dir, write_private
 from embodyhpc.slurm.render import chain_kinds, render_job
 
 Progress = Callable[[str], None]
@@ -28,7 +28,25 @@ def default_run_dir(job: JobConfig) -> Path:
     return root / job.experiment / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def dry_run(loaded: LoadedRecipe, python: str) -> str:
+def preflight(loaded: LoadedRecipe, python: str, *, submitting: bool, eval_only: bool = False) -> list[str]:
+    """What validate, render, --dry-run and submit all check before anything exists: the paths jobs will read
+    (config/paths.py) and every template of the chain (a broken or refused template fails here, as in render).
+    Returns warnings; errors raise ConfigError."""
+    from embodyhpc.config.paths import check_paths
+
+    warnings = check_paths(loaded, submitting=submitting, training=not eval_only)
+    for kind in chain_kinds(loaded, eval_only=eval_only):
+        render_job(loaded, kind, Path("/nonexistent-run-dir"), python)
+    return warnings
+
+
+def dry_run(loaded: LoadedRecipe, python: str, progress: Progress = print) -> str:
+    """The scripts submit would hand to sbatch, after the checks submit makes (environment, paths, templates)."""
+    import os
+
+    check_environment(loaded, dict(os.environ), progress)
+    for warning in preflight(loaded, python, submitting=True):
+        progress(f"warning: {warning}")
     run_dir = default_run_dir(loaded.config.job)
     kinds = chain_kinds(loaded)
     deps = {"train": "", "eval": "--dependency=afterok:<train> --kill-on-invalid-dep=yes ",
@@ -65,6 +83,10 @@ def check_environment(loaded: LoadedRecipe, environ: dict[str, str], progress: P
                               fix=f"unset {name}, or {exc.fix}") from None
     if inherited:
         progress("note: jobs inherit from your environment " + ", ".join(f"{k}={v}" for k, v in inherited.items()))
+    unset = [name for name in loaded.config.site.secrets if not environ.get(name)]
+    if unset:
+        progress(f"warning: site.secrets names {', '.join(unset)}, not set in your environment: jobs will not "
+                 "have " + ("it" if len(unset) == 1 else "them"))
 
 
 def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: Progress = print,
@@ -80,6 +102,8 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
     from embodyhpc.slurm import commands
 
     check_environment(loaded, dict(os.environ), progress)
+    for warning in preflight(loaded, python, submitting=True, eval_only=eval_only):
+        progress(f"warning: {warning}")
     loaded = absolute_paths(loaded)
 
     backend = "local"
@@ -90,8 +114,6 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
         else:
             progress(f"no Slurm cluster reachable ({why}): running the chain on this machine (--local)")
     job = loaded.config.job
-    for kind in chain_kinds(loaded, eval_only=eval_only):  # a broken template fails before anything exists
-        render_job(loaded, kind, Path("/nonexistent-run-dir"), python)
     run_dir = new_run_dir(job.runs_root, job.experiment, job.name)
     try:
         info = start_run(loaded, run_dir, backend=backend, python=python,
@@ -133,7 +155,7 @@ def start_run(loaded: LoadedRecipe, run_dir: Path, *, backend: str, python: str,
               parent_run: Path | None = None) -> RunInfo:
     """Fill a fresh run directory: resolved.yaml, run.json, and a pin on the checkpoint it evaluates (if any), so
     that the training run's retention keeps that checkpoint until the export job has read it."""
-    (run_dir / RESOLVED_YAML).write_text(loaded.to_yaml())
+    write_private(run_dir / RESOLVED_YAML, loaded.to_yaml())
     info = RunInfo(run_id=run_dir.name, run_dir=str(run_dir), backend=backend, recipe=loaded.recipe,
                    site=loaded.site, overrides=list(loaded.overrides), python=python,
                    created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), mlflow_run_id=mlflow_run_id,
@@ -159,7 +181,7 @@ def run_chain(loaded: LoadedRecipe, info: RunInfo, *, progress: Progress = print
     from embodyhpc.slurm.local import run_local_chain
 
     for kind in chain_kinds(loaded, eval_only=eval_only):  # the scripts a cluster would get, for reference
-        (run_dir / "scripts" / f"{kind}.sbatch").write_text(render_job(loaded, kind, run_dir, info.python))
+        write_private(run_dir / "scripts" / f"{kind}.sbatch", render_job(loaded, kind, run_dir, info.python))
     return run_local_chain(loaded, run_dir, info, progress=progress, eval_only=eval_only)
 
 

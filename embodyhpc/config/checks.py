@@ -5,6 +5,8 @@ Each raises ConfigError naming the dotted key; the loader adds which file or ove
 
 from __future__ import annotations
 
+import math
+import os
 import re
 
 from embodyhpc.errors import ConfigError
@@ -12,6 +14,19 @@ from embodyhpc.errors import ConfigError
 _MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SBATCH_OPTION_RE = re.compile(r"^[a-z][a-z0-9-]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+MAX_NAME_LEN = 100  # run folder "<name>-YYYYmmdd-HHMMSS-N" and job names "<name>-train" stay far below 255 bytes
+# the deepest file a run writes, below the run folder (submitit's pickles and logs, checkpoint shards, exports)
+RUN_DIR_DEPTH_RESERVE = 200
+# options embodyhpc renders itself, or that would change how the job is submitted or where its output goes:
+# a second #SBATCH line for one of them would silently win over ours. sbatch also accepts unambiguous prefixes
+# of long options (--out for --output), so a prefix of one of these is refused too.
+RESERVED_SBATCH = ("output", "error", "input", "signal", "array", "open-mode", "job-name", "dependency",
+                   "kill-on-invalid-dep", "requeue", "no-requeue", "nodes", "ntasks", "ntasks-per-node",
+                   "cpus-per-task", "mem", "mem-per-cpu", "mem-per-gpu", "gres", "gpus", "gpus-per-node",
+                   "time", "partition", "account", "qos", "constraint", "exclusive", "chdir", "export",
+                   "export-file", "wrap", "parsable", "hold", "wait", "test-only", "get-user-env", "uid", "gid",
+                   "propagate", "batch")
 
 
 def choice(key: str, value: str, choices: tuple[str, ...]) -> None:
@@ -21,6 +36,8 @@ def choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    if not math.isfinite(value):
+        raise ConfigError(f"must be a finite number, got {value}", key=key)
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigError(f"must be {bound}, got {value}", key=key)
@@ -70,10 +87,17 @@ def slurm_mem(key: str, value: str) -> None:
 
 
 def env_names(key: str, env: dict[str, str]) -> None:
+    from embodyhpc.config.guards import looks_secret
+
     for name, value in env.items():
         if not _ENV_NAME_RE.match(name):
             raise ConfigError(f"{name!r} is not a valid environment variable name", key=f"{key}.{name}")
         no_control_chars(f"{key}.{name}", str(value))
+        if looks_secret(name) and key != "site.secrets":
+            raise ConfigError(f"{name} looks like a secret: its value would be written to resolved.yaml, MLflow "
+                              "and the scripts", key=f"{key}.{name}",
+                              fix=f"list {name} in site.secrets of the site profile instead: jobs inherit it from "
+                                  "your environment")
 
 
 def sbatch_options(key: str, options: dict[str, str]) -> None:
@@ -81,4 +105,41 @@ def sbatch_options(key: str, options: dict[str, str]) -> None:
         if not _SBATCH_OPTION_RE.match(name):
             raise ConfigError(f"{name!r} is not an sbatch long option name", key=f"{key}.{name}",
                               fix="use the long option without dashes, e.g. reservation: myres")
+        clash = next((r for r in RESERVED_SBATCH if r == name or (r.startswith(name) and len(name) >= 2)), None)
+        if clash is not None:
+            raise ConfigError(f"--{clash} is set by embodyhpc itself; a second #SBATCH line would override it",
+                              key=f"{key}.{name}", fix="remove it (use the recipe's own key for it, e.g. "
+                              "resources.time, site.partition)")
         no_control_chars(f"{key}.{name}", str(value))
+
+
+def path_name(key: str, value: str) -> None:
+    """A name that becomes a path component and part of Slurm job names: letters, digits, . _ + - only.
+    `%` would turn into a Slurm/submitit filename pattern (%j), '/' or '..' would leave the run folder."""
+    if not value or not _NAME_RE.match(value) or value in (".", ".."):
+        raise ConfigError(f"{value!r} is not a plain name (letters, digits, '.', '_', '+', '-'; not starting "
+                          "with '.', '-', '+')", key=key, fix=f"set {key} to e.g. my-run_1")
+    if len(value) > MAX_NAME_LEN:
+        raise ConfigError(f"is {len(value)} characters long; at most {MAX_NAME_LEN}", key=key,
+                          fix="use a shorter name")
+
+
+def runs_root(key: str, value: str) -> None:
+    """The folder run folders go under: checked here, before anything is created, instead of an ENAMETOOLONG
+    traceback at submit or a `%j` pattern scattering logs into sibling folders."""
+    if not str(value).strip():
+        raise ConfigError("is empty (it would silently mean the current folder)", key=key,
+                          fix=f"set {key}=./runs or an absolute folder")
+    if "%" in value:
+        raise ConfigError("contains '%', which Slurm and submitit read as a filename pattern (%j)", key=key,
+                          fix="use a folder without '%'")
+    for part in value.split("/"):
+        if len(part.encode()) > 255:
+            raise ConfigError(f"has a path component of {len(part.encode())} bytes; file systems allow 255",
+                              key=key, fix="use a shorter folder name")
+    absolute = os.path.abspath(os.path.expanduser(value))
+    budget = os.pathconf("/", "PC_PATH_MAX") if hasattr(os, "pathconf") else 4096
+    longest = len(absolute.encode()) + 2 * MAX_NAME_LEN + RUN_DIR_DEPTH_RESERVE
+    if longest >= budget:
+        raise ConfigError(f"is {len(absolute.encode())} bytes long: files of a run below it would pass the "
+                          f"{budget}-byte path limit", key=key, fix="use a shorter folder")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from typing import Any, Union
@@ -62,15 +63,18 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
             raise _wrong(key, "an integer", value)
         try:
             return int(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
             raise _wrong(key, "an integer", value) from None
     if hint is float:
         if isinstance(value, bool):
             raise _wrong(key, "a number", value)
         try:
-            return float(value)
-        except (TypeError, ValueError):
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
             raise _wrong(key, "a number", value) from None
+        if not math.isfinite(number):  # nan compares false with every bound a later check makes
+            raise ConfigError(f"must be a finite number, got {value!r}", key=key)
+        return number
     if hint is str:
         if isinstance(value, (dict, list)):
             raise _wrong(key, "a string", value)

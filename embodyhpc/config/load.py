@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -16,9 +17,11 @@ from typing import Any
 
 import yaml
 
+from embodyhpc.config import guards
 from embodyhpc.config.coerce import build, field_types
 from embodyhpc.config.resolve import Resolved, resolve
 from embodyhpc.config.schema import SITE_KEYS, Config
+from embodyhpc.config.yamlio import MAX_BYTES, YAMLLimitError
 from embodyhpc.config.yamlio import load_yaml as _yaml_load
 from embodyhpc.errors import ConfigError
 
@@ -39,6 +42,7 @@ class Source:
 class Layer:
     where: str
     data: dict[str, Any]
+    keys: tuple[str, ...] = ()  # keys it sets as a whole (an override's key, even when its value is a mapping)
 
 
 @dataclass(frozen=True)
@@ -81,10 +85,22 @@ def _read_shipped(*parts: str) -> Source | None:
 
 
 def _read_path(path: Path) -> Source:
+    """At most MAX_BYTES + 1 bytes are read (a recipe pointing at a huge file or a device stays cheap); the
+    content is never echoed in an error (`base: /etc/shadow` must not print the file)."""
     try:
-        return Source(name=str(path), text=path.read_text(), folder=path.parent)
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", where=str(path)) from exc
+    if len(raw) > MAX_BYTES:
+        raise ConfigError(f"larger than {MAX_BYTES >> 10} KiB: not a recipe", where=str(path),
+                          fix="recipes are small YAML files; check the path")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start}): not a recipe", where=str(path),
+                          fix="save the file as UTF-8, or check the path") from exc
+    return Source(name=str(path), text=text, folder=path.parent)
 
 
 def find_recipe(ref: str, *, relative_to: Path | None = None, shipped_only: bool = False,
@@ -105,19 +121,35 @@ def find_recipe(ref: str, *, relative_to: Path | None = None, shipped_only: bool
     raise ConfigError(f"{kind} not found", where=ref, fix=fix)
 
 
-def _parse(source: Source) -> dict[str, Any]:
+def _parse(source: Source, *, allow_empty: bool = False) -> dict[str, Any]:
     try:
         data = _yaml_load(source.text)
+    except YAMLLimitError as exc:
+        line = f"line {exc.line}" if exc.line else None
+        raise ConfigError(f"refused: {exc.problem}", where=source.name, key=line) from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}" if mark is not None else None
-        problem = getattr(exc, "problem", None) or "invalid YAML"
+        problem = getattr(exc, "problem", None) or "control characters or not a YAML document"
+        # PyYAML quotes what it found ('...'): that is the file's content, which an error must not echo
+        problem = re.sub(r"'[^']*'|\"[^\"]*\"", "...", problem)
         raise ConfigError(f"invalid YAML: {problem}", where=source.name, key=line) from exc
+    except RecursionError as exc:
+        raise ConfigError("refused: nested too deeply", where=source.name) from exc
     if data is None:
-        return {}
+        if allow_empty:
+            return {}
+        raise ConfigError("the file is empty (no settings at all)", where=source.name,
+                          fix="write the recipe's sections, or remove the file from the command")
     if not isinstance(data, dict):
         raise ConfigError(f"top level must be a mapping of sections, got {type(data).__name__}",
                           where=source.name)
+    known = set(field_types(Config)) | {"base"}
+    if data and not any(isinstance(key, str) and difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+                        for key in data):
+        # no recipe section at all: not a recipe; naming its keys could disclose the file
+        raise ConfigError(f"not a recipe: none of its top-level keys is a section ({', '.join(sorted(known))})",
+                          where=source.name, fix="check the path")
     return data
 
 
@@ -141,7 +173,7 @@ def _check_keys(data: dict[str, Any], cls: type, prefix: str, where: str) -> Non
             if value is None:
                 continue
             if not isinstance(value, dict):
-                raise ConfigError(f"must be a mapping, got {value!r}", where=where, key=dotted)
+                raise ConfigError(f"must be a mapping, got {type(value).__name__}", where=where, key=dotted)
             _check_keys(value, hint, f"{dotted}.", where)
 
 
@@ -201,8 +233,13 @@ def _recipe_layers(source: Source) -> list[Layer]:
     return list(reversed(chain))
 
 
+def _short(text: str, limit: int = 100) -> str:
+    """A long value in an error message: its start, and how long it is."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _override_layer(text: str) -> Layer:
-    where = f"override {text!r}"
+    where = f"override {_short(text)!r}"
     key, sep, _ = text.partition("=")
     if not sep or not key or key != key.strip() or any(not part for part in key.split(".")):
         raise ConfigError("overrides are key=value with a dotted key", where=where,
@@ -210,8 +247,10 @@ def _override_layer(text: str) -> Layer:
     raw = text.partition("=")[2]
     try:
         value = _yaml_load(raw) if raw.strip() else ""
+    except YAMLLimitError as exc:
+        raise ConfigError(f"refused: {exc.problem}", where=where, key=key) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"cannot parse the value {raw!r} as YAML", where=where, key=key,
+        raise ConfigError(f"cannot parse the value {_short(raw)!r} as YAML", where=where, key=key,
                           fix="quote it, e.g. key='a: b'") from exc
     data: dict[str, Any] = {}
     node = data
@@ -219,7 +258,7 @@ def _override_layer(text: str) -> Layer:
     for part in parents:
         node = node.setdefault(part, {})
     node[leaf] = value
-    return Layer(where, data)
+    return Layer(where, data, keys=(key,))
 
 
 def _site_source(site: str | None) -> Source | None:
@@ -258,10 +297,11 @@ def _merge(layers: list[Layer]) -> tuple[dict[str, Any], dict[str, str], set[str
     for layer in layers:
         _check_keys(layer.data, Config, "", layer.where)
         _deep_merge(combined, layer.data)
-        for key in _flatten(layer.data):
+        for key in (*_flatten(layer.data), *layer.keys):
             provenance[key] = layer.where
     missing = {key for key, value in _flatten(combined).items() if value == "???"}
     if any(isinstance(v, str) and "${" in v for v in _flatten(combined).values()):
+        guards.check_interpolation_size(combined, lambda key: _where(key, provenance))
         combined = _interpolate(combined, provenance)
     return combined, provenance, missing
 
@@ -280,16 +320,29 @@ def _interpolate(combined: dict[str, Any], provenance: dict[str, str]) -> dict[s
 
 
 def load_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: str | None = None,
-                ) -> LoadedRecipe:
-    """The one entry point: a validated, frozen config plus its resolved parallel layout."""
+                *, recipe_site_keys: str = "refuse") -> LoadedRecipe:
+    """The one entry point: a validated, frozen config plus its resolved parallel layout.
+
+    recipe_site_keys: what to do with keys only a site profile may set (guards.SITE_ONLY_KEYS) when the recipe
+    file sets them: "refuse" (a recipe), "drop" (a resolved config from someone's export: the site profile
+    given now decides) or "keep" (the resolved.yaml submit wrote into a run directory, reloaded by its jobs).
+    """
     source = find_recipe(recipe)
     layers = _recipe_layers(source)
+    if recipe_site_keys == "drop":
+        layers = [Layer(layer.where, guards.strip_site_only(layer.data), layer.keys) for layer in layers]
+    for layer in layers:
+        guards.check_layer(layer.data, layer.where, is_site=recipe_site_keys == "keep")
     site_source = _site_source(site)
     if site_source is not None:
         site_data = _parse(site_source)
         _check_site_keys(site_data, site_source.name)
+        guards.check_layer(site_data, site_source.name, is_site=True)
         layers.append(Layer(site_source.name, site_data))
-    layers.extend(_override_layer(text) for text in overrides)
+    for text in overrides:
+        layer = _override_layer(text)
+        guards.check_layer(layer.data, layer.where, is_site=False)
+        layers.append(layer)
 
     combined, provenance, missing_keys = _merge(layers)
     missing = sorted(missing_keys)

@@ -12,6 +12,7 @@ from embodyhpc.errors import ConfigError
 # keys that decide the world size: a conflict is blamed on whichever layer set one of them last
 _WORLD_KEYS = ("resources.nodes", "resources.tasks_per_node", "resources.gpus_per_node")
 _DP_KEYS = ("parallelism.dp_replicate", "parallelism.dp_shard")
+_SQLITE_UNSAFE = "'\"?#\\"
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,15 @@ def resolve(config: Config) -> Resolved:
         raise ConfigError("staging needs a dataset on disk, but data.format is synthetic",
                           key="staging.enabled", related=("data.format",),
                           fix="set data.format and data.root, or staging.enabled=false")
+    tracking, runs_root = config.tracking, config.job.runs_root
+    unsafe = sorted({c for c in runs_root if c in _SQLITE_UNSAFE})
+    if tracking.enabled and not tracking.mlflow_uri and unsafe:
+        # the default store is sqlite:///<runs_root>/mlflow.db: these characters end the path in a URI or break
+        # MLflow's SQL; refused here rather than tracking silently turning off after a traceback at submit
+        raise ConfigError(f"contains {' '.join(unsafe)}, which the default MLflow store (sqlite:///<runs_root>/"
+                          "mlflow.db) cannot hold", key="job.runs_root", related=("tracking.enabled",),
+                          fix="use a folder without these characters, or set tracking.mlflow_uri "
+                              "(or tracking.enabled=false)")
     _check_job_environment(config)
     ev = config.eval
     return Resolved(

@@ -7,12 +7,14 @@ invariants across sections (world size, batch arithmetic) live in `resolve.py`.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
 from embodyhpc.config import checks, nccl_values
 from embodyhpc.config.network import NetworkConfig
 from embodyhpc.errors import ConfigError
+from embodyhpc.eval.task_names import unknown_task
 
 
 @dataclass(frozen=True)
@@ -26,10 +28,8 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         for key in ("name", "experiment"):
-            value = getattr(self, key)
-            if not value or "/" in value or value in (".", ".."):
-                raise ConfigError(f"{value!r} must be a non-empty name without '/'",
-                                         key=f"job.{key}")
+            checks.path_name(f"job.{key}", getattr(self, key))
+        checks.runs_root("job.runs_root", self.runs_root)
 
 
 @dataclass(frozen=True)
@@ -328,6 +328,12 @@ class EvalConfig:
             raise ConfigError("needs at least one task", key="eval.tasks")
         if not self.seeds:
             raise ConfigError("needs at least one seed", key="eval.seeds")
+        unknown = unknown_task(self.suite, list(self.tasks))
+        if unknown is not None:
+            task, accepted = unknown
+            close = difflib.get_close_matches(task, accepted, n=1)
+            raise ConfigError(f"{task!r} is not a task of the {self.suite} suite", key="eval.tasks",
+                              fix=f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(accepted)}")
         for key in ("episodes_per_task", "shards", "array_parallelism", "cpus_per_task"):
             checks.positive(f"eval.{key}", getattr(self, key))
         checks.positive("eval.every_k_checkpoints", self.every_k_checkpoints, allow_zero=True)
@@ -357,6 +363,9 @@ class TrackingConfig:
     telemetry_interval_s: float = 10.0
     """Each node samples its GPUs and host (utilisation, memory, power, temperature, throttling) into the training
     run every this many seconds; 0 turns it off."""
+
+    def __post_init__(self) -> None:
+        checks.positive("tracking.telemetry_interval_s", self.telemetry_interval_s, allow_zero=True)
 
 
 @dataclass(frozen=True)
@@ -390,15 +399,24 @@ class SiteConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables exported in every job."""
     python: str | None = None
-    """Python on the compute nodes; default: the interpreter that runs embodyhpc submit."""
+    """Python on the compute nodes; default: `python3` inside a container (site.container.image), else the
+    interpreter that runs embodyhpc submit. Like templates_dir, container, modules, env and secrets, it chooses
+    what code runs, so only a site profile may set it (not a recipe or a key=value override)."""
     templates_dir: str | None = None
-    """Folder of admin-adapted sbatch templates that replace the shipped ones (same names)."""
+    """Folder of admin-adapted sbatch templates that replace the shipped ones (same names). Templates render in
+    Jinja's sandbox and include others by bare file name from this folder or the shipped ones."""
     extra_sbatch: dict[str, str] = field(default_factory=dict)
-    """Further #SBATCH options for every job, e.g. {reservation: myres}."""
+    """Further #SBATCH options for every job, e.g. {reservation: myres}. Options embodyhpc sets itself (output,
+    signal, array, job-name, dependency, ...) are refused: a second #SBATCH line would silently win."""
+    secrets: list[str] = field(default_factory=list)
+    """Environment variables that hold secrets (e.g. [HF_TOKEN, WANDB_API_KEY]): jobs inherit them from the
+    environment `embodyhpc submit` runs in (sbatch exports it); their values are never written to resolved.yaml,
+    MLflow, logs or scripts. `submit` warns about one that is not set."""
 
     def __post_init__(self) -> None:
         checks.choice("site.gpu_request", self.gpu_request, ("gpus-per-node", "gres", "none"))
         checks.env_names("site.env", dict(self.env))
+        checks.env_names("site.secrets", {name: "" for name in self.secrets})
         nccl_values.check_environment(dict(self.env), lambda name: f"site.env.{name}")
         checks.sbatch_options("site.extra_sbatch", dict(self.extra_sbatch))
 

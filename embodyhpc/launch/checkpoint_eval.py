@@ -60,7 +60,7 @@ def request(run: Path, step: int, checkpoint: Path, progress: Callable[[str], No
 
     target = eval_run_dir(run, step)
     parent = RunInfo.load(run)
-    loaded = load_recipe(str(Path(run) / RESOLVED_YAML), [f"eval.weights={checkpoint}"])
+    loaded = load_recipe(str(Path(run) / RESOLVED_YAML), [f"eval.weights={checkpoint}"], recipe_site_keys="keep")
     if not make_run_dir(target):
         return None
     info = start_run(loaded, target, backend=parent.backend, python=parent.python,

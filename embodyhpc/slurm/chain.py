@@ -16,7 +16,7 @@ from embodyhpc.launch.eval import eval_shard_task
 from embodyhpc.launch.export import export_task
 from embodyhpc.launch.report import report_task
 from embodyhpc.launch.train import train_task
-from embodyhpc.rundir import JobRecord, RunInfo
+from embodyhpc.rundir import JobRecord, RunInfo, write_private
 from embodyhpc.slurm import commands
 from embodyhpc.slurm.executor import RecipeExecutor
 from embodyhpc.slurm.render import chain_kinds, job_shape, render_job, submitit_folder
@@ -45,7 +45,7 @@ def submit_chain(loaded: LoadedRecipe, run_dir: Path, info: RunInfo,
         job_id = str(job.job_id).split("_")[0]
         submitted.append(job_id)
         assert executor.submitted_text is not None
-        (run_dir / "scripts" / f"{kind}.sbatch").write_text(executor.submitted_text)
+        write_private(run_dir / "scripts" / f"{kind}.sbatch", executor.submitted_text)
         dependency = next((a.split("=", 1)[1] for a in sbatch_args if a.startswith("--dependency=")), None)
         record = JobRecord(kind=kind, job_id=job_id, array_size=array_size, dependency=dependency)
         info.jobs[kind] = record
@@ -83,7 +83,7 @@ def submit_smoke(loaded: LoadedRecipe, run_dir: Path, info: RunInfo) -> JobRecor
     executor = _executor(loaded, "smoke", run_dir, info.python, [])
     job = executor.submit(smoke_task, str(run_dir))
     assert executor.submitted_text is not None
-    (run_dir / "scripts" / "smoke.sbatch").write_text(executor.submitted_text)
+    write_private(run_dir / "scripts" / "smoke.sbatch", executor.submitted_text)
     record = JobRecord(kind="smoke", job_id=str(job.job_id))
     info.jobs["smoke"] = record
     info.save()

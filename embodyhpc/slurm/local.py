@@ -144,7 +144,8 @@ class _CheckpointEvals:
             say = (lambda name: lambda message: self.progress(f"eval@{name}: {message}"))(path.name)
             try:
                 say("evaluating the checkpoint beside training")
-                run_chain(load_recipe(str(path / RESOLVED_YAML)), RunInfo.load(path), progress=say, eval_only=True)
+                run_chain(load_recipe(str(path / RESOLVED_YAML), recipe_site_keys="keep"), RunInfo.load(path),
+                          progress=say, eval_only=True)
             except Exception as exc:  # noqa: BLE001 - one evaluation failing must not stop the others or training
                 say(f"failed: {type(exc).__name__}: {exc}")
 

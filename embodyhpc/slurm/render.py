@@ -8,13 +8,16 @@ A template author cannot forget to quote a recipe value.
 
 from __future__ import annotations
 
+import re
 import shlex
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.errors import ConfigError
@@ -46,21 +49,59 @@ def script_value(value: object) -> str:
     return shlex.quote(text)
 
 
+_TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\.j2$")
+
+
+def _plain_template_name(name: str) -> bool:
+    """Templates include each other by bare file name: no folders, no absolute paths, no '..'."""
+    return bool(_TEMPLATE_NAME.match(name)) and ".." not in name
+
+
 def _load_shipped(name: str) -> str | None:
+    if not _plain_template_name(name):
+        return None
     node = resources.files("embodyhpc.sbatch_templates").joinpath(name)
     return node.read_text() if node.is_file() else None
 
 
+class _FolderLoader(jinja2.BaseLoader):
+    """A site's template folder: bare names only, and only regular files inside the folder (a symlink that points
+    out of it is refused), so `{% include "/etc/passwd" %}` or `"../x"` can never read another file."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder.resolve()
+
+    def get_source(self, environment: jinja2.Environment, template: str):  # type: ignore[override]
+        if not _plain_template_name(template):
+            raise jinja2.TemplateNotFound(template)
+        path = (self.folder / template).resolve()
+        if path.parent != self.folder or not path.is_file():
+            raise jinja2.TemplateNotFound(template)
+        text = path.read_text()
+        mtime = path.stat().st_mtime
+        return text, str(path), lambda: path.stat().st_mtime == mtime
+
+
+def check_templates_dir(templates_dir: str | None) -> Path | None:
+    """The same check at validate, render and submit."""
+    if not templates_dir:
+        return None
+    folder = Path(templates_dir).expanduser()
+    if not folder.is_dir():
+        raise ConfigError("template folder does not exist", key="site.templates_dir",
+                          where=str(folder), fix="point site.templates_dir at a copy of sbatch_templates/")
+    return folder
+
+
 def template_env(templates_dir: str | None) -> jinja2.Environment:
+    """A sandboxed Jinja environment: a template (e.g. in a site's folder, or one a recipe's user was handed)
+    cannot reach Python objects' internals, call unsafe methods or change data: rendering never runs code."""
     loaders: list[jinja2.BaseLoader] = []
-    if templates_dir:
-        folder = Path(templates_dir).expanduser()
-        if not folder.is_dir():
-            raise ConfigError("template folder does not exist", key="site.templates_dir",
-                              where=str(folder), fix="point site.templates_dir at a copy of sbatch_templates/")
-        loaders.append(jinja2.FileSystemLoader(str(folder)))
+    folder = check_templates_dir(templates_dir)
+    if folder is not None:
+        loaders.append(_FolderLoader(folder))
     loaders.append(jinja2.FunctionLoader(_load_shipped))
-    return jinja2.Environment(
+    return ImmutableSandboxedEnvironment(
         loader=jinja2.ChoiceLoader(loaders),
         finalize=script_value,
         undefined=jinja2.StrictUndefined,
@@ -193,8 +234,30 @@ def render_job(loaded: LoadedRecipe, kind: str, run_dir: Path, python: str,
         "kind": kind,
         "recipe": loaded.recipe,
     }
-    template = template_env(cfg.site.templates_dir).get_template(f"{kind}.sbatch.j2")
+    for what, text in (("the run directory", str(run_dir)), ("the python", python)):
+        if any(ord(c) < 32 or ord(c) == 127 for c in text):
+            key = "--run-dir" if what == "the run directory" else "site.python"
+            raise ConfigError(f"{what} contains a newline or control character: {text!r}", key=key,
+                              fix="use a path without control characters")
+    custom = bool(cfg.site.templates_dir)
+    name = f"{kind}.sbatch.j2"
     try:
-        return template.render(context)
+        return template_env(cfg.site.templates_dir).get_template(name).render(context)
+    except (SecurityError, OverflowError) as exc:  # OverflowError: the sandbox's cap on range()
+        raise ConfigError(f"template {name} tried something a sandboxed template may not: {exc}",
+                          key="site.templates_dir" if custom else None,
+                          fix="templates may only print values and use Jinja's statements") from exc
+    except jinja2.TemplateNotFound as exc:
+        raise ConfigError(f"template {name} includes {exc.name!r}, which is not a template of this folder or the "
+                          "shipped ones", key="site.templates_dir" if custom else None,
+                          fix="include templates by bare file name, e.g. base.sbatch.j2") from exc
     except jinja2.TemplateError as exc:
-        raise ConfigError(f"template {kind}.sbatch.j2 failed: {exc}", key="site.templates_dir") from exc
+        raise ConfigError(f"template {name} failed: {exc}", key="site.templates_dir" if custom else None) from exc
+
+
+def job_python(cfg) -> str:
+    """The python jobs run: site.python; in a container, the container's own `python3` (the submitting machine's
+    venv path means nothing inside the image); else the interpreter running embodyhpc."""
+    if cfg.site.python:
+        return cfg.site.python
+    return "python3" if cfg.site.container.image else sys.executable

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from embodyhpc.config.guards import looks_secret
 from embodyhpc.errors import RunFailure
 
 if TYPE_CHECKING:
@@ -216,6 +217,9 @@ def truncate(value: str, limit: int) -> str:
     return value[:cut] + marker(cut)
 
 
+REDACTED = "***"
+
+
 def flatten_params(params: Mapping[str, Any] | Any, *, prefix: str = "") -> dict[str, str]:
     """Nested mappings (and dataclasses) to dotted keys; lists as compact JSON; values cut to MLflow's limit."""
     if dataclasses.is_dataclass(params) and not isinstance(params, type):
@@ -228,7 +232,9 @@ def flatten_params(params: Mapping[str, Any] | Any, *, prefix: str = "") -> dict
         if isinstance(value, Mapping) and value:
             flat.update(flatten_params(value, prefix=name))
             continue
-        if isinstance(value, list | tuple | Mapping):
+        if isinstance(value, str) and value and looks_secret(str(key)):
+            text = REDACTED  # a secret-looking key's value never reaches the store (anyone with the UI reads it)
+        elif isinstance(value, list | tuple | Mapping):
             text = json.dumps(value, default=str, separators=(",", ":"))
         else:
             text = str(value)

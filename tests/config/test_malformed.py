@@ -43,7 +43,7 @@ BAD_OVERRIDES = [
     (["network.fabric=infiniband"], "network.fabric", "not one of"),
     (["network.extra_env={'BAD-NAME': x}"], "network.extra_env.BAD-NAME", "not a valid environment variable"),
     (["site.extra_sbatch={'--bad': x}"], "site.extra_sbatch.--bad", "not an sbatch long option"),
-    (["job.name=a/b"], "job.name", "without '/'"),
+    (["job.name=a/b"], "job.name", "not a plain name"),
     (["train.steps"], None, "overrides are key=value"),
     (["=3"], None, "overrides are key=value"),
     (["train..steps=3"], None, "overrides are key=value"),

@@ -1,0 +1,63 @@
+"""Paths a job will read, checked on the machine that submits: at validate, render and submit, not after hours.
+
+A path on a filesystem this machine sees (its first folder exists here: /tmp, /home, /lustre on a login node
+that mounts it) must exist: missing is an error. A path on a filesystem this machine does not mount (a login
+node without /lustre, a laptop rendering for a cluster) cannot be checked: a warning names it and the job checks it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from embodyhpc.config.load import LoadedRecipe
+from embodyhpc.errors import ConfigError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def visible_here(path: Path) -> bool:
+    """Whether the filesystem holding `path` is mounted on this machine (its first folder exists)."""
+    parts = path.parts
+    return len(parts) < 2 or Path(parts[0], parts[1]).exists()
+
+
+def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: bool = True) -> list[str]:
+    """Errors (ConfigError, naming the key and the layer that set it) for what cannot work; warnings for what
+    cannot be checked from here. `submitting`: a required value still unset is an error, not a warning.
+    `training`: the chain trains (an evaluation of existing weights reads no dataset)."""
+    cfg = loaded.config
+    warnings: list[str] = []
+
+    def where(key: str) -> str | None:
+        while key:
+            if key in loaded.provenance:
+                return loaded.provenance[key]
+            key = key.rpartition(".")[0]
+        return None
+
+    def check(key: str, value: str, what: str) -> None:
+        path = Path(value).expanduser()
+        if _HUB_ID.match(value) and not path.exists():
+            raise ConfigError(f"{value!r} looks like a Hugging Face hub id; jobs read a local {what}", key=key,
+                              where=where(key), fix=f"download it to the shared filesystem and set {key}=/path/to/it")
+        absolute = path if path.is_absolute() else Path.cwd() / path
+        if absolute.exists():
+            return
+        if visible_here(absolute):
+            raise ConfigError(f"{what} {value!r} does not exist", key=key, where=where(key),
+                              fix=f"set {key} to an existing {what}")
+        warnings.append(f"{key}={value}: not visible from this machine ({absolute.parts[1]!r} is not mounted "
+                        "here); the job checks it on the cluster")
+
+    if training and cfg.data.format != "synthetic" and cfg.data.root:
+        check("data.root", cfg.data.root, "dataset")
+    if cfg.model.tokenizer_path:
+        check("model.tokenizer_path", cfg.model.tokenizer_path, "tokenizer file")
+    elif cfg.model.size == "full" and cfg.model.name == "pi05":
+        message = "model.tokenizer_path is unset: the full-size pi0.5 needs the PaliGemma tokenizer file"
+        fix = "set model.tokenizer_path=/path/to/tokenizer.model"
+        if submitting:
+            raise ConfigError(message, key="model.tokenizer_path", where=where("model.size"), fix=fix)
+        warnings.append(f"{message}; submit refuses until it is set ({fix})")
+    return warnings

@@ -1,0 +1,23 @@
+"""The static task lists `validate` checks eval.tasks against are the simulators' own."""
+
+from __future__ import annotations
+
+from embodyhpc.eval import suite_pusht, task_names
+
+
+def test_metaworld_list_matches_metaworld():
+    from embodyhpc.data import metaworld_demos
+
+    assert sorted(task_names.METAWORLD_TASKS) == sorted(metaworld_demos.known_tasks())
+    assert set(metaworld_demos.MT10_TASKS) <= set(task_names.METAWORLD_TASKS)
+
+
+def test_pusht_list_matches_the_suite():
+    assert set(task_names.PUSHT_TASKS) == set(suite_pusht.ALIASES)
+
+
+def test_every_listed_task_passes_and_a_neighbour_does_not():
+    assert task_names.unknown_task("metaworld", [*task_names.METAWORLD_TASKS, "MT10", "mt50"]) is None
+    assert task_names.unknown_task("metaworld", ["reach-v2"])[0] == "reach-v2"
+    assert task_names.unknown_task("pusht", ["PUSHT"]) is None
+    assert task_names.unknown_task("a-site-suite", ["anything"]) is None  # registered suites check their own
