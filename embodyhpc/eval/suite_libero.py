@@ -44,8 +44,9 @@ from typing import Any
 import numpy as np
 
 from embodyhpc.eval.suites import Obs, check_action, episode_seed
+from embodyhpc.eval.task_names import LIBERO_BENCHMARKS
 
-BENCHMARKS = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
+BENCHMARKS = tuple(LIBERO_BENCHMARKS)
 REPORTED = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
 MAX_STEPS = {"lerobot": {"libero_spatial": 280, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
                          "libero_90": 400},

@@ -1,6 +1,7 @@
 """The task names of the shipped suites, without importing a simulator: `validate` checks eval.tasks against them
 (an unknown task would otherwise fail the evaluation array after hours of training). A test compares these lists
-with the simulators' own (tests/eval/test_task_names.py). Suites a site registers are not checked here."""
+with the simulators' own (tests/eval/test_task_names.py). Suites a site registers are not checked here;
+LIBERO task file names are checked by the suite (they need the libero package)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ METAWORLD_TASKS = (
 )
 METAWORLD_GROUPS = ("MT10", "MT50")
 PUSHT_TASKS = ("pusht", "pusht-v0", "gym_pusht/pusht-v0")  # compared case-insensitively, as the suite does
+LIBERO_BENCHMARKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
+"""Tasks per LIBERO benchmark; "libero" means the first four (the suites the field reports)."""
 
 
 def unknown_task(suite: str, tasks: list[str]) -> tuple[str, list[str]] | None:
@@ -29,6 +32,18 @@ def unknown_task(suite: str, tasks: list[str]) -> tuple[str, list[str]] | None:
     elif suite == "pusht":
         accepted = list(PUSHT_TASKS)
         bad = next((t for t in tasks if t.lower() not in PUSHT_TASKS), None)
+    elif suite == "libero":
+        accepted = ["libero", *LIBERO_BENCHMARKS, "<benchmark>/<index or task file name>"]
+        bad = next((t for t in tasks if not _libero_task(t)), None)
     else:
         return None
     return (bad, accepted) if bad is not None else None
+
+
+def _libero_task(task: str) -> bool:
+    bench, slash, which = task.strip().lower().partition("/")
+    if not slash:
+        return bench == "libero" or bench in LIBERO_BENCHMARKS
+    if bench not in LIBERO_BENCHMARKS or not which:
+        return False
+    return int(which) < LIBERO_BENCHMARKS[bench] if which.isdigit() else True  # names: checked by the suite

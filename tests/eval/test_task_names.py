@@ -21,3 +21,18 @@ def test_every_listed_task_passes_and_a_neighbour_does_not():
     assert task_names.unknown_task("metaworld", ["reach-v2"])[0] == "reach-v2"
     assert task_names.unknown_task("pusht", ["PUSHT"]) is None
     assert task_names.unknown_task("a-site-suite", ["anything"]) is None  # registered suites check their own
+
+
+def test_libero_counts_match_the_benchmarks():
+    from embodyhpc.eval.suite_libero import expand_tasks
+
+    for bench, count in task_names.LIBERO_BENCHMARKS.items():
+        assert len(expand_tasks([bench])) == count
+    assert len(expand_tasks(["libero"])) == 40
+
+
+def test_libero_tasks_are_checked_at_validate():
+    ok = ["libero", "libero_spatial", "LIBERO_GOAL/9", "libero_90/89", "libero_spatial/pick_up_the_black_bowl"]
+    assert task_names.unknown_task("libero", ok) is None
+    for bad in ("libero_100", "libero_spatial/10", "libero_90/90", "libero_goal/", "libero/3", "spatial/0", ""):
+        assert task_names.unknown_task("libero", ["libero_10", bad])[0] == bad
