@@ -12,12 +12,12 @@ NEEDS = ["data.root=/data/set", "site.account=robotics", TOK]
 
 
 def test_shipped_inventory():
-    assert shipped_recipes() == ["demo_metaworld_cpu", "pi05_bf16", "pi05_fp8", "smoke_cpu"]
+    assert shipped_recipes() == ["demo_metaworld_cpu", "libero_cpu", "pi05_bf16", "pi05_fp8", "smoke_cpu"]
     assert shipped_sites() == ["example_ib", "example_roce", "example_tcp", "local"]
 
 
 @pytest.mark.parametrize("site", ["local", "example_ib", "example_roce", "example_tcp"])
-@pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "smoke_cpu", "pi05_bf16", "pi05_fp8"])
+@pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "smoke_cpu", "pi05_bf16", "pi05_fp8", "libero_cpu"])
 def test_every_shipped_recipe_loads_on_every_site(recipe, site):
     cpu_recipe = recipe in ("smoke_cpu", "demo_metaworld_cpu")
     overrides = NEEDS if not cpu_recipe else ["site.account=robotics"] * (site != "local")
