@@ -96,8 +96,13 @@ def _own_layout(source: SafetensorsCheckpoint, targets: dict[str, torch.Tensor],
 
 def _plan(model: nn.Module, path: str | Path, targets: dict[str, torch.Tensor],
           strict: bool) -> tuple[SafetensorsCheckpoint, LoadReport, list[tuple[KeyRule, str]]]:
-    source = SafetensorsCheckpoint(path)
     name = str(path)
+    try:
+        source = SafetensorsCheckpoint(path)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # safetensors' own error type for a damaged header
+        raise WeightsLayoutError(f"{name}: not a readable safetensors checkpoint ({exc})") from None
     if len(set(targets) & set(source.keys())) * 2 > len(targets):  # our names (a few coincide with theirs)
         report, to_load = _own_layout(source, targets, name, strict)
     else:

@@ -52,6 +52,8 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
 
     if training and cfg.data.format != "synthetic" and cfg.data.root:
         check("data.root", cfg.data.root, "dataset")
+    if training and cfg.model.init_weights:
+        check("model.init_weights", cfg.model.init_weights, "weights file or folder")
     if cfg.model.tokenizer_path:
         check("model.tokenizer_path", cfg.model.tokenizer_path, "tokenizer file")
     elif cfg.model.size == "full" and cfg.model.name == "pi05":

@@ -146,6 +146,10 @@ class ModelConfig:
     attention_backend: str = "auto"
     """auto picks the fastest available for the device; sdpa_reference (dense mask) is the CPU reference,
     sdpa_segments the per-sample CPU path; flex is forward-only on CPU."""
+    init_weights: str | None = None
+    """Step-0 weights of a fresh run: a published pi0.5 checkpoint (openpi or LeRobot: a safetensors file, a folder
+    with model.safetensors, or a sharded model.safetensors.index.json) or an embodyhpc export folder. Each rank reads
+    only its FSDP shard's slices. A run resuming from its own checkpoints ignores it."""
     tokenizer_path: str | None = None
     """Local SentencePiece/tokenizers file (full size); tiny/small use a byte tokenizer."""
     action_horizon: int = 50

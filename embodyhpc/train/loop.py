@@ -47,6 +47,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from embodyhpc.checkpoint import Checkpointer
+from embodyhpc.checkpoint.pi05_weights import load_init_weights
 from embodyhpc.config.resolve import Resolved
 from embodyhpc.config.schema import (
     CheckpointConfig,
@@ -146,6 +147,10 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
         start_step = loaded.step
         if loaded.trainer.sampler is not None:
             sampler.load_state_dict(loaded.trainer.sampler)
+    elif model_cfg.init_weights:  # a fresh run fine-tunes from these (each rank reads its shard's slices)
+        report = load_init_weights(model, model_cfg.init_weights)
+        if is_rank0:
+            print(f"init weights: {report.summary()}", flush=True)
     scheduler = _scheduler(optimizer, train_cfg, start_step)
 
     if not is_rank0:
