@@ -45,9 +45,10 @@ from __future__ import annotations
 import importlib
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where it runs: validate reads the registry in a base install
+    import numpy as np
 
 ENTRY_POINT_GROUP = "embodyhpc.eval_suites"
 
@@ -175,10 +176,14 @@ def episode_seed(task: str, seed: int, episode: int) -> int:
     """A 32-bit seed that depends on (task, seed, episode) only: for simulators and stochastic policies."""
     if seed < 0 or episode < 0:
         raise ValueError(f"seed and episode must be >= 0, got seed={seed}, episode={episode}")
+    import numpy as np
+
     return int(np.random.SeedSequence([zlib.crc32(task.encode()), seed, episode]).generate_state(1)[0])
 
 
 def check_action(action: Any, action_dim: int) -> np.ndarray:
+    import numpy as np
+
     array = np.asarray(action, dtype=np.float32).reshape(-1)
     if array.shape != (action_dim,):
         raise ValueError(f"expected an action of {action_dim} values, got shape {np.shape(action)}")

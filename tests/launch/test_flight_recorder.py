@@ -92,6 +92,8 @@ def test_the_process_group_sees_the_name_of_its_torch(monkeypatch, version, kept
     monkeypatch.setattr(torch, "__version__", version)
     monkeypatch.setenv(DUMP, "1")
     monkeypatch.setenv(gone, "1234")  # the user wrote the other torch's name
+    monkeypatch.setenv(kept, "")  # recorded, so that the name process_group sets is removed after the test
+    monkeypatch.delenv(kept)
     seen: dict[str, str] = {}
     real_init = torch.distributed.init_process_group
 
