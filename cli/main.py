@@ -280,6 +280,26 @@ def stage(
     typer.echo(result.summary())
 
 
+@app.command("export")
+def export(
+    source: Annotated[Path, typer.Argument(help="An embodyhpc export folder (RUN/export or RUN/exports/step-N).")],
+    out: Annotated[Path, typer.Option("--out", help="New folder for the converted weights.")],
+    fmt: Annotated[str, typer.Option("--format", help="lerobot: LeRobot's pi05 policy folder "
+                                                        "(config.json + model.safetensors).")] = "lerobot",
+    execute_steps: Annotated[int, typer.Option(help="n_action_steps of LeRobot's config.")] = 50,
+) -> None:
+    """Convert an export for another framework: LeRobot's pi0.5 layout, which LeRobot's PI05Policy loads."""
+    from embodyhpc.errors import UserError
+
+    if fmt != "lerobot":
+        raise UserError(f"unknown format {fmt!r}", key="--format", fix="use --format lerobot")
+    if execute_steps < 1:
+        raise UserError("must be >= 1", key="--execute-steps")
+    from embodyhpc.checkpoint.lerobot_export import export_lerobot
+
+    typer.echo(f"wrote LeRobot's pi0.5 layout to {export_lerobot(source, out, execute_steps=execute_steps)}")
+
+
 @data_app.command("synth")
 def data_synth(
     out: Annotated[Path, typer.Option("--out", help="New LeRobot v3.0 dataset folder.")],

@@ -1,0 +1,73 @@
+"""`embodyhpc export --format lerobot`: an export in LeRobot's pi0.5 policy layout (config.json + model.safetensors),
+read back through our published-weights adapter."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from embodyhpc.config.load import load_recipe
+from embodyhpc.models import build_model
+from embodyhpc.models.pi05.weights import load_pi05_weights
+from tests.exports import make_export
+
+RECIPE = "recipes/demo_metaworld_cpu.yaml"
+
+
+@pytest.fixture
+def export(tmp_path):
+    loaded = load_recipe(RECIPE, [f"data.root={tmp_path}", "model.state_input=prompt", "model.state_norm=quantile"])
+    torch.manual_seed(3)
+    model = build_model(loaded.config.model, loaded.config.precision)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.01)  # not the init: a swapped or dropped tensor shows
+    out = make_export(tmp_path / "export", model, config_yaml=loaded.to_yaml())
+    (out / "policy_io.json").write_text(json.dumps({"cameras": ["corner"], "image_size": 32, "action_dim": 4,
+                                                    "state_key": "observation.environment_state", "fps": 80}))
+    return out, model, loaded.config.model
+
+
+def test_the_lerobot_layout_reads_back_through_our_adapter(cli, export, tmp_path):
+    source, model, model_cfg = export
+    result = cli("export", str(source), "--out", str(tmp_path / "lerobot"), "--execute-steps", "5")
+    assert result.code == 0, result.err
+    weights = load_file(tmp_path / "lerobot" / "model.safetensors")
+    assert weights and all(k.startswith("model.") for k in weights)  # LeRobot's policy prefix
+    back = build_model(model_cfg)
+    report = load_pi05_weights(back, tmp_path / "lerobot" / "model.safetensors")
+    assert report.ok and report.key_prefix == "model."
+    for name, value in model.state_dict().items():
+        assert torch.equal(back.state_dict()[name], value), name
+    config = json.loads((tmp_path / "lerobot" / "config.json").read_text())
+    assert config["type"] == "pi05" and config["chunk_size"] == model_cfg.action_horizon == 10
+    assert config["n_action_steps"] == 5 and config["max_action_dim"] == model_cfg.action_dim
+    assert config["input_features"]["observation.images.corner"] == {"type": "VISUAL", "shape": [3, 32, 32]}
+    assert config["output_features"] == {"action": {"type": "ACTION", "shape": [4]}}
+    assert config["embodyhpc_size"] == "tiny"  # LeRobot's variants exist for the full size only
+
+
+def test_refusals_are_one_line(cli, export, tmp_path):
+    source, _, _ = export
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for name in ("config.yaml", "export.json", "policy_io.json"):
+        (damaged / name).write_bytes((source / name).read_bytes())
+    (damaged / "model.safetensors").write_bytes((source / "model.safetensors").read_bytes()[:-8])
+    expert = tmp_path / "expert"
+    loaded = load_recipe(RECIPE, [f"data.root={tmp_path}"])  # state_input: expert (a state projection)
+    make_export(expert, build_model(loaded.config.model, loaded.config.precision), config_yaml=loaded.to_yaml())
+    for args, message in (((str(source), "--out", str(taken)), "not empty"),
+                          ((str(expert), "--out", str(tmp_path / "z")), "model.state_input=expert"),
+                          ((str(source), "--out", str(tmp_path / "x"), "--format", "onnx"), "unknown format"),
+                          ((str(source), "--out", str(tmp_path / "x"), "--execute-steps", "0"), ">= 1"),
+                          ((str(damaged), "--out", str(tmp_path / "y")), "model.safetensors")):
+        result = cli("export", *args)
+        assert result.code == 2 and message in result.err and len(result.err.strip().splitlines()) == 1, result.err
+    assert (taken / "keep.txt").read_text() == "mine" and not (tmp_path / "x").exists()
