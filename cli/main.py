@@ -274,7 +274,7 @@ def stage(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Copy a dataset to node-local storage: parallel, idempotent, resumable, verified."""
-    from embodyhpc.data.staging import stage as stage_dataset
+    from embodyhpc.staging import stage as stage_dataset
 
     result = stage_dataset(src, dest, workers=workers, verify="none" if no_verify else verify, progress=not quiet)
     typer.echo(result.summary())
@@ -312,7 +312,7 @@ def data_synth(
     if policy not in ("expert", "random"):
         raise UserError(f"unknown policy {policy!r}", key="--policy", fix="use --policy expert or --policy random")
     if env == "metaworld" and policy == "expert" and not option and not max_steps:
-        from embodyhpc.data.metaworld_demos import MT10_TASKS, generate_demos
+        from embodyhpc.sim.metaworld import MT10_TASKS, generate_demos
 
         summary = generate_demos(out, chosen or MT10_TASKS[:4], episodes, image_size=image_size, seed=seed,
                                  overwrite=overwrite, cameras=camera_list, num_workers=workers)

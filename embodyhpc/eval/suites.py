@@ -9,7 +9,7 @@
         obs, reward, success, done = env.step(action)
         env.close()                 # hands the simulator back to the suite for the next episode
 
-Observations are keyed and typed like the LeRobot demo datasets (embodyhpc.data.metaworld_demos), so a policy
+Observations are keyed and typed like the LeRobot demo datasets (embodyhpc.sim.metaworld), so a policy
 trained on those reads them as they are: vectors float32, images uint8 (H, W, 3), "task" the instruction.
 
 An episode is the triple (task, seed, episode) of embodyhpc.eval.shards.Episode and maps to one initial state on
