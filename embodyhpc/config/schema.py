@@ -140,7 +140,13 @@ STATE_NORMS = ("none", "mean_std", "quantile")
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "pi05"
-    """Registered policy name."""
+    """A registered model plug-in (embodyhpc/models/spec.py: pi05, or one added by register_model or an
+    `embodyhpc.models` entry point). The keys below up to state_norm are shared by every model; size through
+    packing are pi0.5's own (kept here so existing recipes stay valid); another model's own options go under
+    model.options."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The selected model's own options, checked against its spec's options dataclass when the recipe is loaded
+    (pi0.5 takes none here)."""
     size: str = "tiny"
     """tiny (laptop CPU), small, or full (published pi0.5 shapes, ~3.3B parameters)."""
     attention_backend: str = "auto"
@@ -173,6 +179,9 @@ class ModelConfig:
     statistics are saved with exported weights for evaluation."""
 
     def __post_init__(self) -> None:
+        from embodyhpc.models.spec import model_spec
+
+        model_spec(self.name).parse_options(self.options)  # the name, then the model's own options
         checks.choice("model.size", self.size, MODEL_SIZES)
         checks.choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for key in ("action_horizon", "action_dim", "max_token_len", "state_dim"):
