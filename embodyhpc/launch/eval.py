@@ -97,7 +97,7 @@ def _run(run: Path, shard: int) -> dict[str, Any]:
         from embodyhpc.eval.trained import load_trained_policy, read_policy_io
 
         io = read_policy_io(weights)
-        cameras, image_size = io.get("cameras", []), io.get("image_size", image_size)
+        cameras, image_size = io.get("cameras", []), io.get("image_size") or image_size  # None: state only
         policies[TRAINED] = load_trained_policy(weights, execute_steps=ev.execute_steps,
                                                 denoise_steps=ev.denoise_steps, threads=ev.cpus_per_task)
         step = policies[TRAINED].step

@@ -122,12 +122,11 @@ def model_spec(name: str) -> ModelSpec:
             raise ConfigError(f"unknown model {name!r}; registered: {', '.join(known)}", key="model.name",
                               fix=f"set model.name to one of them, or register yours (register_model or a "
                                   f"{ENTRY_POINT_GROUP!r} entry point)")
-        spec = entry.load()
+        spec = entry.load()  # not cached: the installed entry points decide, as in a fresh process
     elif isinstance(spec, str):
         module, _, attr = spec.partition(":")
-        spec = getattr(importlib.import_module(module), attr)
+        spec = _REGISTRY[name] = getattr(importlib.import_module(module), attr)
     if not isinstance(spec, ModelSpec) or spec.name != name:
         raise ConfigError(f"the plug-in registered as {name!r} is not a ModelSpec named {name!r} "
                           f"(got {type(spec).__name__})", key="model.name")
-    _REGISTRY[name] = spec
     return spec
