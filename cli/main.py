@@ -309,8 +309,11 @@ def data_synth(
     if cameras is None:
         cameras = "corner" if env == "metaworld" else ""
     camera_list = [c.strip() for c in cameras.split(",") if c.strip()]
-    if policy not in ("expert", "random"):
-        raise UserError(f"unknown policy {policy!r}", key="--policy", fix="use --policy expert or --policy random")
+    from embodyhpc.eval.references import reference_policy_names
+
+    if policy not in reference_policy_names():
+        raise UserError(f"unknown policy {policy!r}", key="--policy",
+                        fix=f"use one of: {', '.join(reference_policy_names())}")
     if env == "metaworld" and policy == "expert" and not option and not max_steps:
         from embodyhpc.sim.metaworld import MT10_TASKS, generate_demos
 
@@ -327,8 +330,8 @@ def data_synth(
 def _record_suite(out: Path, env: str, tasks: list[str], episodes: int, image_size: int, seed: int,
                   cameras: list[str], policy: str, max_steps: int, options: list[str], overwrite: bool) -> None:
     from embodyhpc.errors import UserError
-    from embodyhpc.eval.policies import ExpertPolicy, RandomPolicy
     from embodyhpc.eval.record import record_episodes
+    from embodyhpc.eval.references import make_reference_policy, provides
     from embodyhpc.eval.shards import Episode
     from embodyhpc.eval.suites import available_suites, make_suite, suite_option_names
 
@@ -350,10 +353,10 @@ def _record_suite(out: Path, env: str, tasks: list[str], episodes: int, image_si
     except ValueError as exc:  # the suite's own message names the task, camera or option
         raise UserError(str(exc), where=f"--env {env}") from None
     with suite:
-        if policy == "expert" and not suite.has_expert:
+        if not provides(policy, suite):
             raise UserError(f"the {env} suite has no scripted expert", key="--policy",
                             fix="pass --policy random to record random-action episodes (pipeline tests)")
-        actor = ExpertPolicy(suite) if policy == "expert" else RandomPolicy(suite)
+        actor = make_reference_policy(policy, suite)
         plan = [Episode(task, seed, e) for task in suite.tasks for e in range(episodes)]
         summary = record_episodes(suite, plan, actor, out, max_steps=max_steps or None, overwrite=overwrite,
                                   keep_failed=policy == "random")

@@ -281,7 +281,6 @@ class CheckpointConfig:
                                      key="checkpoint.keep_latest_k", fix="set checkpoint.keep_latest_k=2")
 
 
-REFERENCE_POLICIES = ("expert", "random")
 
 
 @dataclass(frozen=True)
@@ -329,6 +328,7 @@ class EvalConfig:
     """Rendered camera size for policies that did not record one (a trained policy renders what it trained on)."""
 
     def __post_init__(self) -> None:
+        from embodyhpc.eval.references import reference_policy_names
         from embodyhpc.eval.suites import available_suites, suite_option_names
 
         checks.choice("eval.suite", self.suite, tuple(available_suites()))
@@ -355,7 +355,7 @@ class EvalConfig:
         for key in ("max_steps", "videos_per_task"):
             checks.positive(f"eval.{key}", getattr(self, key), allow_zero=True)
         for name in self.reference_policies:
-            checks.choice("eval.reference_policies", name, REFERENCE_POLICIES)
+            checks.choice("eval.reference_policies", name, tuple(reference_policy_names()))
         checks.slurm_mem("eval.mem", self.mem)
         checks.slurm_time_minutes("eval.time", self.time)
         num_episodes = len(self.tasks) * len(self.seeds) * self.episodes_per_task

@@ -157,6 +157,16 @@ def suite_option_names(name: str) -> list[str]:
             if p.kind is p.KEYWORD_ONLY and p.name not in shared]
 
 
+def suite_task_names(name: str) -> list[str] | None:
+    """The task names a registered suite accepts, when its factory lists them (a `task_names` attribute: a sequence
+    of names, or a callable returning one), so that `validate` refuses an unknown task before anything runs; None
+    when it does not say."""
+    names = getattr(_resolve(name), "task_names", None)
+    if callable(names):
+        names = names()
+    return None if names is None else [str(n) for n in names]
+
+
 def make_suite(name: str, tasks: Sequence[str], *, cameras: Sequence[str] = (), image_size: int = 64,
                **options: Any) -> Suite:
     """The suite `name` over `tasks` (suite-specific names or groups such as "MT10").
@@ -188,4 +198,4 @@ def check_action(action: Any, action_dim: int) -> np.ndarray:
 
 
 __all__ = ["ENTRY_POINT_GROUP", "EvalEnv", "Suite", "available_suites", "check_action", "episode_seed",
-           "make_suite", "register_suite", "suite_option_names"]
+           "make_suite", "register_suite", "suite_option_names", "suite_task_names"]

@@ -81,7 +81,7 @@ def eval_shard_task(run_dir: str, shard: int) -> dict:
 
 
 def _run(run: Path, shard: int) -> dict[str, Any]:
-    from embodyhpc.eval.policies import ExpertPolicy, RandomPolicy
+    from embodyhpc.eval.references import make_reference_policies
     from embodyhpc.eval.rollout import run_shard
     from embodyhpc.eval.suites import make_suite
 
@@ -106,11 +106,7 @@ def _run(run: Path, shard: int) -> dict[str, Any]:
     suite = make_suite(ev.suite, list(ev.tasks), cameras=cameras, image_size=image_size, **ev.suite_options)
     state_suite = make_suite(ev.suite, list(ev.tasks), image_size=image_size, **ev.suite_options)
     try:
-        for name in ev.reference_policies:
-            if name == "expert" and state_suite.has_expert:
-                policies[name] = ExpertPolicy(state_suite)
-            elif name == "random":
-                policies[name] = RandomPolicy(state_suite)
+        policies.update(make_reference_policies(ev.reference_policies, state_suite))
         summaries = {}
         for name, policy in policies.items():
             summary = run_shard(suite if name == TRAINED else state_suite, episodes, policy,
