@@ -42,12 +42,15 @@ report success from the simulator's own criterion, and set `has_expert = False` 
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import numpy as np
+if TYPE_CHECKING:  # numpy loads with a suite or a rollout: validate and render read names only
+    import numpy as np
 
 ENTRY_POINT_GROUP = "embodyhpc.eval_suites"
 
@@ -146,15 +149,44 @@ def _resolve(name: str) -> SuiteFactory:
     return factory
 
 
+_SHARED_OPTIONS = {"self", "tasks", "cameras", "image_size"}
+
+
 def suite_option_names(name: str) -> list[str]:
-    """The suite-specific keyword options `make_suite(name, ...)` takes (eval.suite_options), from its signature."""
+    """The suite-specific keyword options `make_suite(name, ...)` takes (eval.suite_options), from its signature.
+
+    A "module:attr" registration not imported yet is read from its source (`ast`): validating a recipe then loads no
+    simulator and no numpy. Anything else (entry points, callables, a class without its own __init__) is imported.
+    """
     import inspect
 
+    registered = _REGISTRY.get(name)
+    if isinstance(registered, str):
+        names = _keyword_options_in_source(registered)
+        if names is not None:
+            return names
     factory = _resolve(name)
     target = factory.__init__ if inspect.isclass(factory) else factory
-    shared = {"self", "tasks", "cameras", "image_size"}
     return [p.name for p in inspect.signature(target).parameters.values()
-            if p.kind is p.KEYWORD_ONLY and p.name not in shared]
+            if p.kind is p.KEYWORD_ONLY and p.name not in _SHARED_OPTIONS]
+
+
+def _keyword_options_in_source(target: str) -> list[str] | None:
+    module, _, attr = target.partition(":")
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    with open(spec.origin, encoding="utf-8") as source:
+        tree = ast.parse(source.read(), spec.origin)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == attr:
+            init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+            if init is None:
+                return None
+            return [a.arg for a in init.args.kwonlyargs if a.arg not in _SHARED_OPTIONS]
+        if isinstance(node, ast.FunctionDef) and node.name == attr:
+            return [a.arg for a in node.args.kwonlyargs if a.arg not in _SHARED_OPTIONS]
+    return None
 
 
 def suite_task_names(name: str) -> list[str] | None:
@@ -183,12 +215,16 @@ def make_suite(name: str, tasks: Sequence[str], *, cameras: Sequence[str] = (), 
 
 def episode_seed(task: str, seed: int, episode: int) -> int:
     """A 32-bit seed that depends on (task, seed, episode) only: for simulators and stochastic policies."""
+    import numpy as np
+
     if seed < 0 or episode < 0:
         raise ValueError(f"seed and episode must be >= 0, got seed={seed}, episode={episode}")
     return int(np.random.SeedSequence([zlib.crc32(task.encode()), seed, episode]).generate_state(1)[0])
 
 
 def check_action(action: Any, action_dim: int) -> np.ndarray:
+    import numpy as np
+
     array = np.asarray(action, dtype=np.float32).reshape(-1)
     if array.shape != (action_dim,):
         raise ValueError(f"expected an action of {action_dim} values, got shape {np.shape(action)}")

@@ -39,7 +39,10 @@ def unknown_task(suite: str, tasks: list[str]) -> tuple[str, list[str]] | None:
     else:  # a registered suite: checked when its factory lists its names (eval.suites.suite_task_names)
         from embodyhpc.eval.suites import suite_task_names
 
-        names = suite_task_names(suite)
+        try:
+            names = suite_task_names(suite)
+        except ValueError:  # not registered: eval.suite's own check names it
+            return None
         if names is None:
             return None
         accepted = names
