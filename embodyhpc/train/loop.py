@@ -71,7 +71,6 @@ from embodyhpc.train.preempt import StopSignal, cpu_group
 from embodyhpc.train.schedule import warmup_cosine
 from embodyhpc.train.stream import BatchStream
 
-ACTION_KEY = "action"
 METRICS_FILE = "logs/metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 EXPORT_DIR = "export"
@@ -236,6 +235,9 @@ def _check_world(resolved: Resolved, dist_env: RankInfo) -> None:
                           f"world_size={resolved.world_size}", key="resources.nodes",
                           related=("resources.tasks_per_node", "resources.gpus_per_node"),
                           fix="launch as many processes as the recipe resolves to")
+
+
+ACTION_KEY = "action"  # the dataset feature every policy learns to predict, as a chunk (data.delta_timestamps)
 
 
 def _open(data: DataConfig, model_cfg: ModelConfig):
