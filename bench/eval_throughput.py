@@ -34,11 +34,11 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from embodyhpc.data import metaworld_demos as mw  # noqa: E402
 from embodyhpc.eval.policies import ExpertPolicy, RandomPolicy  # noqa: E402
 from embodyhpc.eval.rollout import run_shard  # noqa: E402
 from embodyhpc.eval.shards import all_episodes  # noqa: E402
 from embodyhpc.eval.suites import episode_seed, make_suite  # noqa: E402
+from embodyhpc.sim import metaworld as mw  # noqa: E402
 
 
 def plain_loop(task, episodes, policy_kind, cameras, size, reuse):

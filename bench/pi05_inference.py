@@ -8,7 +8,7 @@ Models: `tiny` (the test-suite pi0.5, built with build_model(ModelConfig(size="t
 per camera, 8-step action chunk) and `small-2L` (the small size's widths and heads: VLM 768, expert 384,
 12 query heads x 64, 224 px images with 196 patches per camera, a 50-step action chunk; cut to 2 joint layers and
 1 vision block so that one call takes about a second on one core). Batches: 2 cameras, short instructions and a
-6-d state in the prompt, collated with `embodyhpc.models.pi05.collate` (one sample per row) as the model tests do.
+6-d state in the prompt, collated with `embodyhpc.models.pi05.batching` (one sample per row) as the model tests do.
 
 Measured: wall time of one `sample_actions(batch, num_steps=--steps, noise=...)` call, with `use_kv_cache=True`
 (vision tower and prefix run once; each Euler step runs only the action expert against the cached keys/values)

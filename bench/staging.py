@@ -128,7 +128,7 @@ def print_limits(cp: float, cp_cpu: list[tuple[float, float]], floor: float, sta
 
 
 def run_set(label: str, src: Path, tmp: Path, num_files: int, num_bytes: int, args: argparse.Namespace) -> None:
-    from embodyhpc.data.staging import stage
+    from embodyhpc.staging import stage
 
     cases = ("cp -r", "cp -r + sync", "stage quick", "stage full", "restage quick", "restage full")
     times: dict[str, list[float]] = {name: [] for name in cases}

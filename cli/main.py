@@ -274,7 +274,7 @@ def stage(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Copy a dataset to node-local storage: parallel, idempotent, resumable, verified."""
-    from embodyhpc.data.staging import stage as stage_dataset
+    from embodyhpc.staging import stage as stage_dataset
 
     result = stage_dataset(src, dest, workers=workers, verify="none" if no_verify else verify, progress=not quiet)
     typer.echo(result.summary())
@@ -329,10 +329,13 @@ def data_synth(
     if cameras is None:
         cameras = "corner" if env == "metaworld" else ""
     camera_list = [c.strip() for c in cameras.split(",") if c.strip()]
-    if policy not in ("expert", "random"):
-        raise UserError(f"unknown policy {policy!r}", key="--policy", fix="use --policy expert or --policy random")
+    from embodyhpc.eval.references import reference_policy_names
+
+    if policy not in reference_policy_names():
+        raise UserError(f"unknown policy {policy!r}", key="--policy",
+                        fix=f"use one of: {', '.join(reference_policy_names())}")
     if env == "metaworld" and policy == "expert" and not option and not max_steps:
-        from embodyhpc.data.metaworld_demos import MT10_TASKS, generate_demos
+        from embodyhpc.sim.metaworld import MT10_TASKS, generate_demos
 
         summary = generate_demos(out, chosen or MT10_TASKS[:4], episodes, image_size=image_size, seed=seed,
                                  overwrite=overwrite, cameras=camera_list, num_workers=workers)
@@ -347,8 +350,8 @@ def data_synth(
 def _record_suite(out: Path, env: str, tasks: list[str], episodes: int, image_size: int, seed: int,
                   cameras: list[str], policy: str, max_steps: int, options: list[str], overwrite: bool) -> None:
     from embodyhpc.errors import UserError
-    from embodyhpc.eval.policies import ExpertPolicy, RandomPolicy
     from embodyhpc.eval.record import record_episodes
+    from embodyhpc.eval.references import make_reference_policy, provides
     from embodyhpc.eval.shards import Episode
     from embodyhpc.eval.suites import available_suites, make_suite, suite_option_names
 
@@ -370,10 +373,10 @@ def _record_suite(out: Path, env: str, tasks: list[str], episodes: int, image_si
     except ValueError as exc:  # the suite's own message names the task, camera or option
         raise UserError(str(exc), where=f"--env {env}") from None
     with suite:
-        if policy == "expert" and not suite.has_expert:
+        if not provides(policy, suite):
             raise UserError(f"the {env} suite has no scripted expert", key="--policy",
                             fix="pass --policy random to record random-action episodes (pipeline tests)")
-        actor = ExpertPolicy(suite) if policy == "expert" else RandomPolicy(suite)
+        actor = make_reference_policy(policy, suite)
         plan = [Episode(task, seed, e) for task in suite.tasks for e in range(episodes)]
         summary = record_episodes(suite, plan, actor, out, max_steps=max_steps or None, overwrite=overwrite,
                                   keep_failed=policy == "random")

@@ -149,7 +149,7 @@ def reach_demos(tmp_path_factory) -> Path:
     that train the demo recipe's policy for a few steps."""
     os.environ.setdefault("MUJOCO_GL", "egl")
     require("metaworld", "sim")
-    from embodyhpc.data.metaworld_demos import generate_demos
+    from embodyhpc.sim.metaworld import generate_demos
 
     root = tmp_path_factory.mktemp("reach-demos") / "reach"
     generate_demos(root, tasks=["reach-v3"], episodes_per_task=4, seed=0, image_size=32, max_steps=120,

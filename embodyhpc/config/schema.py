@@ -140,7 +140,13 @@ STATE_NORMS = ("none", "mean_std", "quantile")
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "pi05"
-    """Registered policy name."""
+    """A registered model plug-in (embodyhpc/models/spec.py: pi05, or one added by register_model or an
+    `embodyhpc.models` entry point). The keys below up to state_norm are shared by every model; size through
+    packing are pi0.5's own (kept here so existing recipes stay valid); another model's own options go under
+    model.options."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The selected model's own options, checked against its spec's options dataclass when the recipe is loaded
+    (pi0.5 takes none here)."""
     size: str = "tiny"
     """tiny (laptop CPU), small, or full (published pi0.5 shapes, ~3.3B parameters)."""
     attention_backend: str = "auto"
@@ -173,6 +179,9 @@ class ModelConfig:
     statistics are saved with exported weights for evaluation."""
 
     def __post_init__(self) -> None:
+        from embodyhpc.models.spec import model_spec
+
+        model_spec(self.name).parse_options(self.options)  # the name, then the model's own options
         checks.choice("model.size", self.size, MODEL_SIZES)
         checks.choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for key in ("action_horizon", "action_dim", "max_token_len", "state_dim"):
@@ -272,7 +281,6 @@ class CheckpointConfig:
                                      key="checkpoint.keep_latest_k", fix="set checkpoint.keep_latest_k=2")
 
 
-REFERENCE_POLICIES = ("expert", "random")
 
 
 @dataclass(frozen=True)
@@ -320,6 +328,7 @@ class EvalConfig:
     """Rendered camera size for policies that did not record one (a trained policy renders what it trained on)."""
 
     def __post_init__(self) -> None:
+        from embodyhpc.eval.references import reference_policy_names
         from embodyhpc.eval.suites import available_suites, suite_option_names
 
         checks.choice("eval.suite", self.suite, tuple(available_suites()))
@@ -346,7 +355,7 @@ class EvalConfig:
         for key in ("max_steps", "videos_per_task"):
             checks.positive(f"eval.{key}", getattr(self, key), allow_zero=True)
         for name in self.reference_policies:
-            checks.choice("eval.reference_policies", name, REFERENCE_POLICIES)
+            checks.choice("eval.reference_policies", name, tuple(reference_policy_names()))
         checks.slurm_mem("eval.mem", self.mem)
         checks.slurm_time_minutes("eval.time", self.time)
         num_episodes = len(self.tasks) * len(self.seeds) * self.episodes_per_task

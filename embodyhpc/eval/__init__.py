@@ -3,6 +3,8 @@
     shards     plan_shards / all_episodes: the (task, seed, episode) grid split into array shards
     suites     make_suite(name, tasks, cameras=, image_size=) -> Suite; register_suite for a site's simulator
     policies   Policy protocol (reset(task, seed), act(obs)); ExpertPolicy, RandomPolicy, reference_policies
+    references the reference-policy registry (eval.reference_policies, data synth --policy)
+    trained    load_trained_policy(export): any model's exported weights -> its spec's inference
     rollout    run_episode, run_shard (one JSONL record per episode, written atomically; mp4 videos)
     aggregate  wilson_interval, aggregate(records, planned) -> Report, format_table, markdown_summary
     plots      plot_task_bars, plot_success_vs_step (matplotlib, imported when drawn)

@@ -1,7 +1,7 @@
 """The "metaworld" evaluation suite: MetaWorld v3 tasks, reset exactly like the demo generator.
 
 Episode (task, seed, episode) is goal variant `episode % 50` of `MT1(task, seed + episode // 50)`
-(embodyhpc.data.metaworld_demos.episode_spec / make_env). Observations, as in the demo datasets:
+(embodyhpc.sim.metaworld.episode_spec / make_env). Observations, as in the demo datasets:
 
     observation.state              float32 (4,)   hand x, y, z, gripper opening (obs[:4])
     observation.environment_state  float32 (39,)  MetaWorld's full observation
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from embodyhpc.data import metaworld_demos as mw
 from embodyhpc.eval.suites import Obs, check_action
+from embodyhpc.sim import metaworld as mw
 
 DEFAULT_VIDEO_CAMERA = "corner"
 

@@ -9,7 +9,7 @@
         obs, reward, success, done = env.step(action)
         env.close()                 # hands the simulator back to the suite for the next episode
 
-Observations are keyed and typed like the LeRobot demo datasets (embodyhpc.data.metaworld_demos), so a policy
+Observations are keyed and typed like the LeRobot demo datasets (embodyhpc.sim.metaworld), so a policy
 trained on those reads them as they are: vectors float32, images uint8 (H, W, 3), "task" the instruction.
 
 An episode is the triple (task, seed, episode) of embodyhpc.eval.shards.Episode and maps to one initial state on
@@ -42,12 +42,14 @@ report success from the simulator's own criterion, and set `has_expert = False` 
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import zlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # numpy is imported where it runs: validate reads the registry in a base install
+if TYPE_CHECKING:  # numpy loads with a suite or a rollout: validate and render read names only
     import numpy as np
 
 ENTRY_POINT_GROUP = "embodyhpc.eval_suites"
@@ -147,15 +149,54 @@ def _resolve(name: str) -> SuiteFactory:
     return factory
 
 
+_SHARED_OPTIONS = {"self", "tasks", "cameras", "image_size"}
+
+
 def suite_option_names(name: str) -> list[str]:
-    """The suite-specific keyword options `make_suite(name, ...)` takes (eval.suite_options), from its signature."""
+    """The suite-specific keyword options `make_suite(name, ...)` takes (eval.suite_options), from its signature.
+
+    A "module:attr" registration not imported yet is read from its source (`ast`): validating a recipe then loads no
+    simulator and no numpy. Anything else (entry points, callables, a class without its own __init__) is imported.
+    """
     import inspect
 
+    registered = _REGISTRY.get(name)
+    if isinstance(registered, str):
+        names = _keyword_options_in_source(registered)
+        if names is not None:
+            return names
     factory = _resolve(name)
     target = factory.__init__ if inspect.isclass(factory) else factory
-    shared = {"self", "tasks", "cameras", "image_size"}
     return [p.name for p in inspect.signature(target).parameters.values()
-            if p.kind is p.KEYWORD_ONLY and p.name not in shared]
+            if p.kind is p.KEYWORD_ONLY and p.name not in _SHARED_OPTIONS]
+
+
+def _keyword_options_in_source(target: str) -> list[str] | None:
+    module, _, attr = target.partition(":")
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    with open(spec.origin, encoding="utf-8") as source:
+        tree = ast.parse(source.read(), spec.origin)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == attr:
+            init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+            if init is None:
+                return None
+            return [a.arg for a in init.args.kwonlyargs if a.arg not in _SHARED_OPTIONS]
+        if isinstance(node, ast.FunctionDef) and node.name == attr:
+            return [a.arg for a in node.args.kwonlyargs if a.arg not in _SHARED_OPTIONS]
+    return None
+
+
+def suite_task_names(name: str) -> list[str] | None:
+    """The task names a registered suite accepts, when its factory lists them (a `task_names` attribute: a sequence
+    of names, or a callable returning one), so that `validate` refuses an unknown task before anything runs; None
+    when it does not say."""
+    names = getattr(_resolve(name), "task_names", None)
+    if callable(names):
+        names = names()
+    return None if names is None else [str(n) for n in names]
 
 
 def make_suite(name: str, tasks: Sequence[str], *, cameras: Sequence[str] = (), image_size: int = 64,
@@ -174,10 +215,10 @@ def make_suite(name: str, tasks: Sequence[str], *, cameras: Sequence[str] = (), 
 
 def episode_seed(task: str, seed: int, episode: int) -> int:
     """A 32-bit seed that depends on (task, seed, episode) only: for simulators and stochastic policies."""
-    if seed < 0 or episode < 0:
-        raise ValueError(f"seed and episode must be >= 0, got seed={seed}, episode={episode}")
     import numpy as np
 
+    if seed < 0 or episode < 0:
+        raise ValueError(f"seed and episode must be >= 0, got seed={seed}, episode={episode}")
     return int(np.random.SeedSequence([zlib.crc32(task.encode()), seed, episode]).generate_state(1)[0])
 
 
@@ -193,4 +234,4 @@ def check_action(action: Any, action_dim: int) -> np.ndarray:
 
 
 __all__ = ["ENTRY_POINT_GROUP", "EvalEnv", "Suite", "available_suites", "check_action", "episode_seed",
-           "make_suite", "register_suite", "suite_option_names"]
+           "make_suite", "register_suite", "suite_option_names", "suite_task_names"]

@@ -1,7 +1,8 @@
 """The task names of the shipped suites, without importing a simulator: `validate` checks eval.tasks against them
 (an unknown task would otherwise fail the evaluation array after hours of training). A test compares these lists
-with the simulators' own (tests/eval/test_task_names.py). Suites a site registers are not checked here;
-LIBERO task file names are checked by the suite (they need the libero package)."""
+with the simulators' own (tests/eval/test_task_names.py). Suites a site registers are checked when their factory
+lists its names (a `task_names` attribute, eval/suites.py suite_task_names); LIBERO task file names are checked by
+the suite (they need the libero package)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,17 @@ def unknown_task(suite: str, tasks: list[str]) -> tuple[str, list[str]] | None:
     elif suite == "libero":
         accepted = ["libero", *LIBERO_BENCHMARKS, "<benchmark>/<index or task file name>"]
         bad = next((t for t in tasks if not _libero_task(t)), None)
-    else:
-        return None
+    else:  # a registered suite: checked when its factory lists its names (eval.suites.suite_task_names)
+        from embodyhpc.eval.suites import suite_task_names
+
+        try:
+            names = suite_task_names(suite)
+        except ValueError:  # not registered: eval.suite's own check names it
+            return None
+        if names is None:
+            return None
+        accepted = names
+        bad = next((t for t in tasks if t not in names), None)
     return (bad, accepted) if bad is not None else None
 
 

@@ -177,8 +177,8 @@ def _check_staging(staging: StagingConfig, data: DataConfig, dataset_bytes: int 
 def _bytes_to_stage(nvme: Path, data: DataConfig, dataset_bytes: int | None, extra: dict[str, Any]) -> int | None:
     """Bytes staging still has to write (the dataset minus what an earlier run already staged), plus the margin
     `stage()` keeps free; None when the dataset's size is not known cheaply."""
-    from embodyhpc.data.staging import load_manifest, node_local_path
-    from embodyhpc.data.staging.stage import SPACE_MARGIN_BYTES, SPACE_MARGIN_FRACTION
+    from embodyhpc.staging import load_manifest, node_local_path
+    from embodyhpc.staging.stage import SPACE_MARGIN_BYTES, SPACE_MARGIN_FRACTION
 
     if dataset_bytes is None:
         if data.format == "synthetic" or not data.root:

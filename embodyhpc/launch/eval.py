@@ -1,8 +1,8 @@
 """The evaluation array's entry point: one call per shard of the (task, seed, episode) grid.
 
 Each shard runs its episodes with every policy of the evaluation, the same episodes for each:
-- "trained": pi0.5 from exported weights (eval.weights, or the export of the checkpoint it names, else the run's
-  own export/), loaded once per shard;
+- "trained": the recipe's model (model.name) from exported weights (eval.weights, or the export of the checkpoint it
+  names, else the run's own export/), loaded once per shard;
 - the reference rows eval.reference_policies: the suite's scripted expert (where it has one) and random.
 One JSONL file per (policy, shard) under eval/shards/<policy>/, written atomically (see embodyhpc.eval.rollout),
 rollout videos under eval/videos/. A recipe that trains no policy (data.format: synthetic) is evaluated with
@@ -81,7 +81,7 @@ def eval_shard_task(run_dir: str, shard: int) -> dict:
 
 
 def _run(run: Path, shard: int) -> dict[str, Any]:
-    from embodyhpc.eval.policies import ExpertPolicy, RandomPolicy
+    from embodyhpc.eval.references import make_reference_policies
     from embodyhpc.eval.rollout import run_shard
     from embodyhpc.eval.suites import make_suite
 
@@ -94,23 +94,19 @@ def _run(run: Path, shard: int) -> dict[str, Any]:
     weights = weights_dir(config, run)
     step = None
     if weights is not None:
-        from embodyhpc.eval.trained import TrainedPolicy, read_policy_io
+        from embodyhpc.eval.trained import load_trained_policy, read_policy_io
 
         io = read_policy_io(weights)
-        cameras, image_size = io.get("cameras", []), io.get("image_size", image_size)
-        policies[TRAINED] = TrainedPolicy.from_export(weights, execute_steps=ev.execute_steps,
-                                                      denoise_steps=ev.denoise_steps, threads=ev.cpus_per_task)
+        cameras, image_size = io.get("cameras", []), io.get("image_size") or image_size  # None: state only
+        policies[TRAINED] = load_trained_policy(weights, execute_steps=ev.execute_steps,
+                                                denoise_steps=ev.denoise_steps, threads=ev.cpus_per_task)
         step = policies[TRAINED].step
     # the trained policy sees the cameras it was trained on; reference rows read state only (no rendering but
     # their videos), which makes them ~10x cheaper
     suite = make_suite(ev.suite, list(ev.tasks), cameras=cameras, image_size=image_size, **ev.suite_options)
     state_suite = make_suite(ev.suite, list(ev.tasks), image_size=image_size, **ev.suite_options)
     try:
-        for name in ev.reference_policies:
-            if name == "expert" and state_suite.has_expert:
-                policies[name] = ExpertPolicy(state_suite)
-            elif name == "random":
-                policies[name] = RandomPolicy(state_suite)
+        policies.update(make_reference_policies(ev.reference_policies, state_suite))
         summaries = {}
         for name, policy in policies.items():
             summary = run_shard(suite if name == TRAINED else state_suite, episodes, policy,

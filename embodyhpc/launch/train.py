@@ -54,7 +54,7 @@ def prepare_data(data: DataConfig, staging: StagingConfig, local_rank: int) -> s
         raise FileNotFoundError(f"data.root {data.root!r} does not exist on {socket.gethostname()}")
     if not staging.enabled:
         return str(root)
-    from embodyhpc.data.staging import node_local_path, stage_on_node
+    from embodyhpc.staging import node_local_path, stage_on_node
 
     dest = node_local_path(staging.nvme_dir, root)
     stage_on_node(root, dest, local_rank=local_rank, workers=staging.copy_workers, verify=staging.verify,

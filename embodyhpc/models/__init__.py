@@ -1,46 +1,32 @@
-"""Policies, selected by the recipe's `model.name`; attention backends; fp8. No distributed code in here:
-models declare their FSDP wrap units (`fsdp_units()`), embodyhpc/parallel applies them.
+"""Policies as plug-ins, selected by the recipe's `model.name` (spec.py: what a plug-in provides; protocol.py: what
+the loop, parallel/, the checkpointer and evaluation may call on a model); attention backends; fp8. No distributed
+code in here: models declare their FSDP wrap units (`fsdp_units()`), embodyhpc/parallel applies them.
 
-Importing this package does not import torch (the CLI lists models without it); builders load on first use.
+Importing this package does not import torch (the CLI lists and validates models without it); builders load on
+first use.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from embodyhpc.errors import ConfigError
+from embodyhpc.models.spec import ENTRY_POINT_GROUP, ModelSpec, available_models, model_spec, register_model
 
-# name -> (module, model builder, tokenizer builder); builders take the recipe's `model` section
-_REGISTRY: dict[str, tuple[str, str, str]] = {
-    "pi05": ("embodyhpc.models.pi05", "build_pi05", "build_pi05_tokenizer"),
-}
+__all__ = ["ENTRY_POINT_GROUP", "ModelSpec", "available_models", "build_model", "build_tokenizer", "model_spec",
+           "register_model", "registered_models"]
 
 
 def registered_models() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def register_model(name: str, module: str, builder: str, tokenizer_builder: str) -> None:
-    """Make `model.name: <name>` build `<module>.<builder>(model_cfg, precision_cfg)` and its tokenizer with
-    `<module>.<tokenizer_builder>(model_cfg)`."""
-    _REGISTRY[name] = (module, builder, tokenizer_builder)
-
-
-def _entry(model_cfg: Any, index: int):
-    if model_cfg.name not in _REGISTRY:
-        raise ConfigError(f"unknown model {model_cfg.name!r}; registered: {', '.join(registered_models())}",
-                          key="model.name", fix=f"set model.name={registered_models()[0]}")
-    entry = _REGISTRY[model_cfg.name]
-    return getattr(importlib.import_module(entry[0]), entry[index])
+    return available_models()
 
 
 def build_model(model_cfg: Any, precision_cfg: Any = None):
     """The policy named by model_cfg.name, built from the `model` section (and `precision` for fp8)."""
-    return _entry(model_cfg, 1)(model_cfg, precision_cfg)
+    return model_spec(model_cfg.name).load("build")(model_cfg, precision_cfg)
 
 
 def build_tokenizer(model_cfg: Any):
     """The prompt tokenizer of the policy named by model_cfg.name (pi05: byte-level for tiny/small, else the file
-    at model.tokenizer_path)."""
-    return _entry(model_cfg, 2)(model_cfg)
+    at model.tokenizer_path); None for a model that reads no text."""
+    spec = model_spec(model_cfg.name)
+    return None if spec.tokenizer is None else spec.load("tokenizer")(model_cfg)

@@ -1,4 +1,4 @@
-"""The FSDP2 training loop for policies that follow the model interface (pi0.5 first), run by every rank.
+"""The FSDP2 training loop for any model plug-in (models/spec.py, models/protocol.py), run by every rank.
 
     result = train(data=cfg.data, model_cfg=cfg.model, precision=cfg.precision, parallelism=cfg.parallelism,
                    train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=run_dir,
@@ -47,7 +47,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from embodyhpc.checkpoint import Checkpointer
-from embodyhpc.checkpoint.pi05_weights import load_init_weights
+from embodyhpc.checkpoint.sliced_weights import load_init_weights
 from embodyhpc.config.resolve import Resolved
 from embodyhpc.config.schema import (
     CheckpointConfig,
@@ -62,10 +62,9 @@ from embodyhpc.data.loader import build_dataloader
 from embodyhpc.data.normalize import StateNormalizer
 from embodyhpc.errors import ConfigError
 from embodyhpc.launch.distributed import rank_device
-from embodyhpc.models import build_model, build_tokenizer
+from embodyhpc.models import build_model, build_tokenizer, model_spec
 from embodyhpc.models.fp8 import FP8GemmCounter, fp8_autocast
 from embodyhpc.parallel import build_mesh, materialize, parallelize
-from embodyhpc.train.adapter import ACTION_KEY, Pi05Collate, batch_token_budget, batch_tokens
 from embodyhpc.train.metrics import ConsoleMetricsSink, JsonlMetricsSink, MetricsSink
 from embodyhpc.train.optim import build_optimizer
 from embodyhpc.train.preempt import StopSignal, cpu_group
@@ -119,6 +118,7 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
     rank, is_rank0 = dist_env.rank, dist_env.rank == 0
     accum = resolved.grad_accum_steps
 
+    spec = model_spec(model_cfg.name)
     mesh = build_mesh(resolved.dp_replicate, resolved.dp_shard, device.type, procs_per_node=resolved.procs_per_node)
     with torch.device("meta"):
         model = build_model(model_cfg, precision)
@@ -134,7 +134,9 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
     loader, sampler = build_dataloader(
         _open(data, model_cfg), data, micro_batch_size=train_cfg.micro_batch_size, rank=rank,
         world_size=dist_env.world_size, seed=train_cfg.seed, device_type=device.type,
-        collate_fn=Pi05Collate(model_cfg, build_tokenizer(model_cfg), normalizer))
+        collate_fn=spec.load("collate")(model_cfg, build_tokenizer(model_cfg), normalizer))
+    count_tokens = spec.load("token_count")
+    token_budget = spec.load("token_budget") if spec.token_budget is not None else lambda batch, cfg: 0
     stream = BatchStream(loader, sampler)
 
     ckpt = Checkpointer(run_dir / CHECKPOINT_DIR, checkpoint, seed=train_cfg.seed, device=device,
@@ -148,7 +150,8 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
         if loaded.trainer.sampler is not None:
             sampler.load_state_dict(loaded.trainer.sampler)
     elif model_cfg.init_weights:  # a fresh run fine-tunes from these (each rank reads its shard's slices)
-        report = load_init_weights(model, model_cfg.init_weights)
+        report = load_init_weights(model, model_cfg.init_weights,
+                                   spec.load("weights") if spec.weights is not None else None)
         if is_rank0:
             print(f"init weights: {report.summary()}", flush=True)
     scheduler = _scheduler(optimizer, train_cfg, start_step)
@@ -182,8 +185,8 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
                 wait_s += time.perf_counter() - waited
                 loss_sum += micro_batch_step(model, batch.to(device), precision, amax_group=amax_group,
                                              loss_scale=1.0 / accum)
-                num_tokens += batch_tokens(batch, model_cfg)
-                budget_tokens += batch_token_budget(batch, model_cfg)
+                num_tokens += count_tokens(batch, model_cfg)
+                budget_tokens += token_budget(batch, model_cfg)
             grad_norm = _clip_grad_norm(model.parameters(), train_cfg.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -234,9 +237,12 @@ def _check_world(resolved: Resolved, dist_env: RankInfo) -> None:
                           fix="launch as many processes as the recipe resolves to")
 
 
+ACTION_KEY = "action"  # the dataset feature every policy learns to predict, as a chunk (data.delta_timestamps)
+
+
 def _open(data: DataConfig, model_cfg: ModelConfig):
     if data.format == "synthetic" or not data.root:
-        raise ConfigError("the pi0.5 trainer reads a dataset on disk", key="data.format",
+        raise ConfigError("the policy trainer reads a dataset on disk", key="data.format",
                           fix="set data.format=lerobot (or hdf5) and data.root=/path/to/dataset")
     if ACTION_KEY not in data.delta_timestamps:
         raise ConfigError(f"no action chunk requested: the model predicts {model_cfg.action_horizon} steps",

@@ -12,7 +12,7 @@ from embodyhpc.data import open_dataset
 from embodyhpc.data.loader import build_dataloader
 from embodyhpc.models import build_tokenizer
 from embodyhpc.models.pi05 import Pi05Batch
-from embodyhpc.train.adapter import Pi05Collate
+from embodyhpc.models.pi05.batching import Pi05Collate
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lerobot_v30_sample"
 

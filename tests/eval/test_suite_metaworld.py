@@ -19,7 +19,7 @@ from embodyhpc.eval.suites import EvalEnv, Suite, make_suite  # noqa: E402
 
 TASK = "reach-v3"
 require("metaworld", "sim")
-from embodyhpc.data import metaworld_demos  # noqa: E402
+from embodyhpc.sim import metaworld as mw  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def state_suite():
 
 def test_metaworld_task_groups():
     suite = make_suite("metaworld", ["MT10", "reach-v3"])
-    assert suite.tasks == list(metaworld_demos.MT10_TASKS)  # duplicates dropped, order kept
+    assert suite.tasks == list(mw.MT10_TASKS)  # duplicates dropped, order kept
     assert len(make_suite("metaworld", ["MT50"]).tasks) == 50
     assert isinstance(suite, Suite) and suite.has_expert
     assert suite.instruction("push-v3") == "push the puck to the goal" and suite.max_steps(TASK) == 500
@@ -56,13 +56,13 @@ def test_same_episode_same_initial_state_as_the_demo_generator(state_suite):
         np.testing.assert_array_equal(env.reset()["observation.environment_state"],
                                       obs["observation.environment_state"])
         env.close()
-    spec = metaworld_demos.episode_spec(TASK, 0, 3)
-    demo_env = metaworld_demos.make_env(spec.env_name, spec.env_seed, spec.env_variant)
+    spec = mw.episode_spec(TASK, 0, 3)
+    demo_env = mw.make_env(spec.env_name, spec.env_seed, spec.env_variant)
     raw, _ = demo_env.reset()
     demo_env.close()
     np.testing.assert_array_equal(obs["observation.environment_state"], raw.astype(np.float32))
     np.testing.assert_array_equal(obs["observation.state"], raw[:4].astype(np.float32))
-    assert obs["task"] == metaworld_demos.instruction_for(TASK)
+    assert obs["task"] == mw.instruction_for(TASK)
 
 
 def test_expert_succeeds_and_random_rarely_does(state_suite):
@@ -110,7 +110,7 @@ def test_observations_match_the_demo_dataset(tmp_path):
     import pyarrow.parquet as pq
 
     root = tmp_path / "demos"
-    metaworld_demos.generate_demos(root, tasks=[TASK], episodes_per_task=1, seed=3, cameras=("corner",),
+    mw.generate_demos(root, tasks=[TASK], episodes_per_task=1, seed=3, cameras=("corner",),
                                    image_size=64, max_steps=150, progress=False)
     features = json.loads((root / "meta/info.json").read_text())["features"]
     expected = {k: ("uint8" if v["dtype"] == "video" else v["dtype"], tuple(v["shape"]))

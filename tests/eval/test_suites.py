@@ -72,3 +72,29 @@ def test_validate_asks_the_registry_which_suites_and_options_exist():
     line = load_recipe("smoke_cpu", ["eval.shards=1", "eval.suite=line-test", "eval.tasks=[walk]",
                                      "eval.suite_options.limit=5"])
     assert line.config.eval.suite_options == {"limit": 5}
+
+
+@pytest.mark.parametrize("name", ["metaworld", "pusht", "libero"])
+def test_option_names_read_from_source_equal_the_signature(name):
+    """validate reads a shipped suite's options from its source (no simulator, no numpy); the same as inspecting
+    the imported class."""
+    import importlib
+    import inspect
+
+    from embodyhpc.eval.suites import suite_option_names
+
+    module, _, attr = {"metaworld": "embodyhpc.eval.suite_metaworld:MetaWorldSuite",
+                       "pusht": "embodyhpc.eval.suite_pusht:PushTSuite",
+                       "libero": "embodyhpc.eval.suite_libero:LiberoSuite"}[name].partition(":")
+    init = getattr(importlib.import_module(module), attr).__init__
+    imported = [p.name for p in inspect.signature(init).parameters.values()
+                if p.kind is p.KEYWORD_ONLY and p.name not in ("cameras", "image_size")]
+    assert suite_option_names(name) == imported and imported
+
+
+def test_validating_a_recipe_imports_no_numpy():
+    code = ("import sys; from embodyhpc.config.load import load_recipe; "
+            "load_recipe('smoke_cpu', ['eval.suite_options.video_size=32']); "
+            "print(sorted(m for m in ('numpy', 'torch', 'metaworld') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

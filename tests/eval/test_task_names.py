@@ -6,10 +6,10 @@ from embodyhpc.eval import suite_pusht, task_names
 
 
 def test_metaworld_list_matches_metaworld():
-    from embodyhpc.data import metaworld_demos
+    from embodyhpc.sim import metaworld as mw
 
-    assert sorted(task_names.METAWORLD_TASKS) == sorted(metaworld_demos.known_tasks())
-    assert set(metaworld_demos.MT10_TASKS) <= set(task_names.METAWORLD_TASKS)
+    assert sorted(task_names.METAWORLD_TASKS) == sorted(mw.known_tasks())
+    assert set(mw.MT10_TASKS) <= set(task_names.METAWORLD_TASKS)
 
 
 def test_pusht_list_matches_the_suite():

@@ -275,9 +275,9 @@ def test_a_run_folder_that_cannot_be_started_is_removed(cli, training_run, runs_
 
 
 def test_the_trained_policy_loads_a_whole_export_and_refuses_one_that_does_not_fit(training_run, tmp_path):
-    """TrainedPolicy.from_export (what every evaluation shard runs) after the export job; an export whose weights
+    """load_trained_policy (what every evaluation shard runs) after the export job; an export whose weights
     are of another model than its config.yaml (exported by hand) is refused in one line, not a traceback."""
-    from embodyhpc.eval.trained import TrainedPolicy
+    from embodyhpc.eval.trained import load_trained_policy
     from tests.exports import make_export
 
     source, model = training_run
@@ -286,12 +286,12 @@ def test_the_trained_policy_loads_a_whole_export_and_refuses_one_that_does_not_f
     exported = weights_dir(load_resolved(run), run)
     for name in ("normalization.json", "policy_io.json"):  # the fixture's placeholders, not real side files
         (exported / name).unlink()
-    policy = TrainedPolicy.from_export(exported, execute_steps=2)
+    policy = load_trained_policy(exported, execute_steps=2)
     assert policy.step == 40
     for key, tensor in model.state_dict().items():
         assert torch.equal(policy.model.state_dict()[key], tensor.float()), key
     wrong = make_export(tmp_path / "wrong", other_model(source, action_dim=6),
                         config_yaml=(source / "resolved.yaml").read_text())
     with pytest.raises(NotACheckpointError, match="do not fit the model") as caught:
-        TrainedPolicy.from_export(wrong, execute_steps=2)
+        load_trained_policy(wrong, execute_steps=2)
     assert "\n" not in caught.value.one_line()

@@ -100,7 +100,7 @@ def test_pi05_collate_with_sentencepiece_truncates_and_pads_to_the_config_budget
     import sentencepiece
 
     from embodyhpc.models.pi05 import max_prompt_tokens
-    from embodyhpc.train.adapter import Pi05Collate
+    from embodyhpc.models.pi05.batching import Pi05Collate
 
     sp = sentencepiece.SentencePieceProcessor(model_file=str(sp_model))
     # tiny: 16 patches per camera; 1 camera + 4 action tokens leave max_token_len - 20 prompt tokens

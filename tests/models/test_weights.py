@@ -228,18 +228,19 @@ def test_fp8_converted_models_save_and_load(tmp_path) -> None:
 def sharded_round_trip(rank: int, world: int, folder: str) -> dict:
     from pathlib import Path
 
-    from embodyhpc.checkpoint.pi05_weights import load_pi05_weights_sharded, save_pi05_weights_sharded
+    from embodyhpc.checkpoint.sliced_weights import load_weights_sharded, save_weights_sharded
     from embodyhpc.config.schema import ParallelismConfig
+    from embodyhpc.models.pi05.weights import ADAPTER
     from embodyhpc.parallel import build_mesh
     from tests.parallel.workers import build_sharded, local_params
 
     mesh = build_mesh(1, world, "cpu")
     model, _ = build_sharded(mesh, ParallelismConfig())
-    report = load_pi05_weights_sharded(model, Path(folder) / "source.safetensors")
-    saved = save_pi05_weights_sharded(model, Path(folder) / "resaved.safetensors")
+    report = load_weights_sharded(model, Path(folder) / "source.safetensors", ADAPTER)
+    saved = save_weights_sharded(model, Path(folder) / "resaved.safetensors", ADAPTER)
     errors = []
     try:
-        load_pi05_weights_sharded(model, Path(folder) / "broken.safetensors")
+        load_weights_sharded(model, Path(folder) / "broken.safetensors", ADAPTER)
     except WeightsLayoutError as exc:
         errors.append(str(exc))
     return {"ok": report.ok, "local": local_params(model), "saved": str(saved), "errors": errors}

@@ -1,5 +1,5 @@
 """`model.init_weights`: a published pi0.5 checkpoint (or an export) into the FSDP-sharded model, each rank reading
-only the rows its shard holds (embodyhpc/checkpoint/pi05_weights.py)."""
+only the rows its shard holds (embodyhpc/checkpoint/sliced_weights.py, with models/pi05/weights.py's key rules)."""
 
 from __future__ import annotations
 

@@ -1,50 +1,39 @@
-"""pi0.5 (Physical Intelligence's VLA, published design) in our own PyTorch: see model.py for the method."""
+"""pi0.5 (Physical Intelligence's VLA, published design) in our own PyTorch: see model.py for the method.
+
+The folder is a model plug-in (embodyhpc/models/spec.py): SPEC names its builder (build.py), batch builder and
+token counts (batching.py), evaluation-time inference (inference.py) and published-weights key rules (weights.py).
+Importing the package imports no torch (validate reads SPEC); the names below load their modules on first use.
+"""
 
 from __future__ import annotations
 
-from embodyhpc.errors import ConfigError
-from embodyhpc.models.pi05.batch import Pi05Batch, Pi05Sample, collate
-from embodyhpc.models.pi05.model import FlowMatchingOutput, Pi05Policy
-from embodyhpc.models.pi05.shapes import SHAPES, Pi05Shape, shape_for
+import importlib
+from typing import Any
 
-__all__ = ["SHAPES", "FlowMatchingOutput", "Pi05Batch", "Pi05Policy", "Pi05Sample", "Pi05Shape", "build_pi05",
-           "build_pi05_tokenizer", "collate", "max_prompt_tokens", "shape_for"]
+from embodyhpc.models.spec import ModelSpec
 
+SPEC = ModelSpec(
+    name="pi05",
+    build="embodyhpc.models.pi05.build:build_pi05",
+    tokenizer="embodyhpc.models.pi05.build:build_pi05_tokenizer",
+    collate="embodyhpc.models.pi05.batching:Pi05Collate",
+    token_count="embodyhpc.models.pi05.batching:batch_tokens",
+    token_budget="embodyhpc.models.pi05.batching:batch_token_budget",
+    inference="embodyhpc.models.pi05.inference:Pi05Runner",
+    weights="embodyhpc.models.pi05.weights:ADAPTER",
+)
 
-def build_pi05(model_cfg, precision_cfg=None) -> Pi05Policy:
-    """A Pi05Policy from the recipe's `model` section (and `precision` for fp8), on the current default device:
-    build under `torch.device("meta")` for large sizes, then `to_empty(...)` and `init_weights()`."""
-    model = Pi05Policy(shape_for(model_cfg.size), action_horizon=model_cfg.action_horizon,
-                       action_dim=model_cfg.action_dim, attention_backend=model_cfg.attention_backend,
-                       state_dim=model_cfg.state_dim if getattr(model_cfg, "state_input", "prompt") == "expert" else 0)
-    if precision_cfg is not None and precision_cfg.mode == "fp8":
-        from embodyhpc.models.fp8 import convert_to_fp8
+_LAZY = {
+    "Pi05Batch": "batch", "Pi05Sample": "batch", "collate": "batch",
+    "FlowMatchingOutput": "model", "Pi05Policy": "model",
+    "SHAPES": "shapes", "Pi05Shape": "shapes", "shape_for": "shapes",
+    "build_pi05": "build", "build_pi05_tokenizer": "build", "max_prompt_tokens": "build",
+}
 
-        convert_to_fp8(model, precision_cfg)
-    return model
-
-
-def build_pi05_tokenizer(model_cfg):
-    """The prompt tokenizer; its ids must fit the size's embedding table."""
-    from embodyhpc.models.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(model_cfg.size, model_cfg.tokenizer_path)
-    vocab_size = shape_for(model_cfg.size).vocab_size
-    if tokenizer.vocab_size > vocab_size:
-        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} ids, more than the {vocab_size} embeddings "
-                          f"of size {model_cfg.size}", key="model.tokenizer_path",
-                          fix="use the tokenizer the size was trained with (full: PaliGemma's SentencePiece model)")
-    return tokenizer
+__all__ = ["SPEC", *sorted(_LAZY)]
 
 
-def max_prompt_tokens(model_cfg, num_cameras: int) -> int:
-    """Prompt tokens (instruction + state) left in model.max_token_len after the images and the action chunk."""
-    shape = shape_for(model_cfg.size)
-    fixed = num_cameras * shape.vision.num_patches + model_cfg.action_horizon
-    room = model_cfg.max_token_len - fixed
-    if room < 8:
-        raise ConfigError(
-            f"max_token_len={model_cfg.max_token_len} leaves {room} prompt tokens after {num_cameras} camera(s) x "
-            f"{shape.vision.num_patches} patches and {model_cfg.action_horizon} action tokens",
-            key="model.max_token_len", fix=f"set model.max_token_len={fixed + 64} or more")
-    return room
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

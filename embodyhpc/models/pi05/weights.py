@@ -61,22 +61,28 @@ pixels in [-1, 1] into SigLIP (vision.py), text embeddings scaled by sqrt(width)
 pairs, positions counting real tokens only, attention scale head_dim ** -0.5.
 
 Not read: openpi's JAX (orbax) checkpoints; convert them with openpi's own JAX -> PyTorch script first.
-Distributed (FSDP2) models: this module never imports torch.distributed; embodyhpc.checkpoint.pi05_weights loads
-and saves sharded models with the same conversion (`convert_published`, `to_published`).
+Distributed (FSDP2) models: this module never imports torch.distributed; embodyhpc.checkpoint.sliced_weights loads
+and saves sharded models with the same conversion, through ADAPTER (the spec's `weights`).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from embodyhpc.models.pi05.shapes import Pi05Shape
+from embodyhpc.models.weights_io import (
+    SINGLE_FILE,
+    KeyRule,
+    LoadReport,
+    SafetensorsCheckpoint,
+    TensorSource,
+    WeightsLayoutError,
+)
 
 PALIGEMMA = "paligemma_with_expert.paligemma."
 VISION = PALIGEMMA + "model.vision_tower.vision_model."
@@ -85,52 +91,9 @@ EXPERT = "paligemma_with_expert.gemma_expert.model."
 LM_HEAD = PALIGEMMA + "lm_head.weight"
 EXPERT_LM_HEAD = "paligemma_with_expert.gemma_expert.lm_head.weight"
 LEROBOT_PREFIX = "model."  # LeRobot's PI05Policy keeps the network under `model`
-INDEX_FILE, SINGLE_FILE = "model.safetensors.index.json", "model.safetensors"
 # normalisation statistics older LeRobot policy files keep next to the network: not weights
 _LEROBOT_BUFFERS = ("normalize_inputs.", "normalize_targets.", "unnormalize_outputs.")
 _ALIASES = {"action_time_mlp_in.": "time_mlp_in.", "action_time_mlp_out.": "time_mlp_out."}  # older names
-
-
-class WeightsLayoutError(ValueError):
-    """The checkpoint does not fit the model; the message names the keys."""
-
-
-@dataclass(frozen=True)
-class KeyRule:
-    """One tensor of ours and its published counterpart; `kind` names the conversion (see the module table)."""
-
-    ours: str
-    theirs: str
-    kind: str = "same"  # "same" | "position" (our [1, P, W] <-> their [P, W]) | "drop_gate" (final norm)
-
-    def their_shape(self, ours: tuple[int, ...]) -> tuple[int, ...]:
-        if self.kind == "position":
-            return tuple(ours[1:])
-        if self.kind == "drop_gate":
-            return (ours[0] // 2 * 3, *ours[1:])
-        return tuple(ours)
-
-    def to_theirs(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.kind == "position":
-            return tensor.reshape(tensor.shape[1:])
-        if self.kind == "drop_gate":
-            return torch.cat([tensor, tensor.new_zeros(tensor.shape[0] // 2, *tensor.shape[1:])])
-        return tensor
-
-    def to_ours(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.kind == "position":
-            return tensor.reshape(1, *tensor.shape)
-        if self.kind == "drop_gate":
-            return tensor[: tensor.shape[0] // 3 * 2]
-        return tensor
-
-    def read_rows(self, rows: Callable[[int, int], torch.Tensor], start: int, stop: int,
-                  ours: tuple[int, ...]) -> torch.Tensor:
-        """Rows start:stop (dim 0) of our tensor, reading only what they need from the file (`rows(a, b)` reads
-        rows a:b of the published tensor): what a rank holding one FSDP shard reads."""
-        if self.kind == "position":  # ours [1, P, W]: the one row is their whole [P, W] tensor
-            return rows(0, ours[1]).reshape(1, *ours[1:]) if stop > start else torch.empty(0, *ours[1:])
-        return rows(start, stop)  # "same", and "drop_gate" (our rows are their first 2D rows)
 
 
 def key_rules(shape: Pi05Shape) -> list[KeyRule]:
@@ -193,81 +156,6 @@ def published_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     ours = {name: tuple(t.shape) for name, t in _model_tensors(model).items()}
     table = {rule.theirs: rule.their_shape(ours[rule.ours]) for rule in key_rules(model.shape)}
     return table | unused_published_keys(model.shape)
-
-
-# ---- reading checkpoints ----
-class SafetensorsCheckpoint:
-    """Lazy read access to a safetensors file, or a folder with model.safetensors or a sharded index."""
-
-    def __init__(self, path: str | Path) -> None:
-        from safetensors import safe_open  # the `train` extra; imported here so models/ imports without it
-
-        path = Path(path)
-        if path.is_dir():
-            if (path / INDEX_FILE).is_file():
-                path = path / INDEX_FILE
-            elif (path / SINGLE_FILE).is_file():
-                path = path / SINGLE_FILE
-            else:
-                raise FileNotFoundError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} in this folder")
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such checkpoint file")
-        if path.name.endswith(".json"):
-            weight_map = json.loads(path.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
-        else:
-            weight_map, files = None, [path.name]
-        self.path = path
-        self._handles = {name: safe_open(str(path.parent / name), framework="pt", device="cpu") for name in files}
-        if weight_map is None:
-            weight_map = {key: files[0] for key in self._handles[files[0]].keys()}
-        self._file_of = weight_map
-
-    def keys(self) -> list[str]:
-        return list(self._file_of)
-
-    def shape(self, key: str) -> tuple[int, ...]:
-        return tuple(self._handles[self._file_of[key]].get_slice(key).get_shape())
-
-    def get(self, key: str) -> torch.Tensor:
-        return self._handles[self._file_of[key]].get_tensor(key)
-
-    def get_rows(self, key: str, start: int, stop: int) -> torch.Tensor:
-        """Rows start:stop of a tensor (dim 0), read without reading the rest (safetensors slices the file)."""
-        view = self._handles[self._file_of[key]].get_slice(key)
-        if not view.get_shape():  # 0-d
-            return view[...]
-        return view[start:stop]
-
-    def dtype(self, key: str) -> str:
-        return self._handles[self._file_of[key]].get_slice(key).get_dtype()
-
-
-TensorSource = SafetensorsCheckpoint | Mapping[str, torch.Tensor]
-
-
-# ---- the report ----
-@dataclass
-class LoadReport:
-    """What a load did. `loaded`, `missing`, `unexpected` and `ignored` hold published key names (missing: keys the
-    model needs that the checkpoint lacks); `mismatched`: (key, the model's shape, the checkpoint's shape)."""
-
-    source: str
-    loaded: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)
-    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
-    key_prefix: str = ""  # "model." for LeRobot policy files
-
-    @property
-    def ok(self) -> bool:
-        return not (self.missing or self.unexpected or self.mismatched)
-
-    def summary(self) -> str:
-        return (f"{self.source}: {len(self.loaded)} loaded, {len(self.missing)} missing, "
-                f"{len(self.unexpected)} unexpected, {len(self.mismatched)} shape mismatches, "
-                f"{len(self.ignored)} ignored (unused by pi0.5's action path)")
 
 
 def _listing(keys: list[str], limit: int = 8) -> str:
@@ -408,7 +296,7 @@ def _refuse_sharded(tensors: Mapping[str, torch.Tensor]) -> None:
     for name, tensor in tensors.items():
         if type(tensor).__name__ == "DTensor" or type(getattr(tensor, "data", None)).__name__ == "DTensor":
             raise WeightsLayoutError(f"{name} is sharded (FSDP/DTensor): use "
-                                     "embodyhpc.checkpoint.pi05_weights.load_pi05_weights_sharded on every rank")
+                                     "embodyhpc.checkpoint.sliced_weights.load_weights_sharded on every rank")
 
 
 @torch.no_grad()
@@ -418,7 +306,7 @@ def load_pi05_weights(model: nn.Module, path_or_dir: str | Path | TensorSource, 
 
     Works on a materialised model (tensors copied in place, one at a time) and on a model still on the meta device
     (tensors assigned, on the CPU). Raises WeightsLayoutError naming the keys: always for shape mismatches and pi0
-    checkpoints, for missing or unexpected keys when `strict`. Sharded (FSDP) models: checkpoint.pi05_weights.
+    checkpoints, for missing or unexpected keys when `strict`. Sharded (FSDP) models: checkpoint.sliced_weights.
     """
     tensors = _model_tensors(model)
     _refuse_sharded(tensors)
@@ -458,3 +346,20 @@ def save_pi05_weights(model: nn.Module, path: str | Path, *, placeholders: bool 
     save_file({key_prefix + k: v for k, v in published.items()}, str(path),
               metadata={"format": "pt", "layout": "openpi-pytorch-pi05"})
     return path
+
+
+class Pi05WeightsAdapter:
+    """The spec's published-weights adapter: pi0.5's key rules for embodyhpc/checkpoint/sliced_weights.py."""
+
+    layout = "openpi-pytorch-pi05"
+
+    def plan_load(self, source: TensorSource, model: nn.Module, targets: Mapping[str, tuple[int, ...]], *,
+                  strict: bool, source_name: str) -> tuple[LoadReport, list[tuple[KeyRule, str]]]:
+        return plan_load(source, model.shape, targets, strict=strict, source_name=source_name)
+
+    def to_published(self, state: Mapping[str, torch.Tensor], model: nn.Module, *, placeholders: bool = True,
+                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        return to_published(state, model.shape, placeholders=placeholders, dtype=dtype)
+
+
+ADAPTER = Pi05WeightsAdapter()

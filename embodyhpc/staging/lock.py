@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from embodyhpc.data.staging.errors import StagingError
-from embodyhpc.data.staging.manifest import CONTROL_PREFIX
+from embodyhpc.staging.errors import StagingError
+from embodyhpc.staging.manifest import CONTROL_PREFIX
 
 LOCK_NAME = CONTROL_PREFIX + ".lock"
 

@@ -41,11 +41,11 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from embodyhpc.data.staging import manifest as manifest_module
-from embodyhpc.data.staging import transfer
-from embodyhpc.data.staging.errors import NotEnoughSpaceError, StageInputError, StagingError
-from embodyhpc.data.staging.lock import LOCK_NAME, LockReplacedError, dest_lock
-from embodyhpc.data.staging.manifest import (
+from embodyhpc.staging import manifest as manifest_module
+from embodyhpc.staging import transfer
+from embodyhpc.staging.errors import NotEnoughSpaceError, StageInputError, StagingError
+from embodyhpc.staging.lock import LOCK_NAME, LockReplacedError, dest_lock
+from embodyhpc.staging.manifest import (
     CONTROL_PREFIX,
     MANIFEST_NAME,
     PARTIAL_SUFFIX,
@@ -57,10 +57,10 @@ from embodyhpc.data.staging.manifest import (
     sync_filesystem,
     write_manifest,
 )
-from embodyhpc.data.staging.progress import Progress, format_bytes
-from embodyhpc.data.staging.transfer import Chunk, Copied, WholeFiles, make_tasks, run_tasks
-from embodyhpc.data.staging.tree import Plan, SourceFile, make_plan, scan_dest, scan_source
-from embodyhpc.data.staging.verify import TASKS_PER_WORKER, damaged_error, verify_files
+from embodyhpc.staging.progress import Progress, format_bytes
+from embodyhpc.staging.transfer import Chunk, Copied, WholeFiles, make_tasks, run_tasks
+from embodyhpc.staging.tree import Plan, SourceFile, make_plan, scan_dest, scan_source
+from embodyhpc.staging.verify import TASKS_PER_WORKER, damaged_error, verify_files
 
 MANIFEST_FLUSH_INTERVAL_S = 2.0
 """At most this much finished copying is redone after a kill (the manifest cost is ~10 ms per 10k files)."""

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from embodyhpc.data.staging import MANIFEST_NAME, NotEnoughSpaceError, StageInputError, load_manifest, stage
-from embodyhpc.data.staging.lock import LOCK_NAME
-from tests.data.test_staging import DiskUsage, assert_mirrors, read_tree, write_tree
+from embodyhpc.staging import MANIFEST_NAME, NotEnoughSpaceError, StageInputError, load_manifest, stage
+from embodyhpc.staging.lock import LOCK_NAME
+from tests.staging.test_staging import DiskUsage, assert_mirrors, read_tree, write_tree
 
-stage_module = importlib.import_module("embodyhpc.data.staging.stage")  # the package exports stage()
+stage_module = importlib.import_module("embodyhpc.staging.stage")  # the package exports stage()
 
 FILES = {"meta/info.json": b'{"codebase_version": "v3.0"}', "data/chunk-000/file-000.parquet": os.urandom(3000),
          "videos/cam/file-000.mp4": os.urandom(5000)}
@@ -158,7 +158,7 @@ def test_a_stage_refused_for_space_leaves_no_folder(src, dest, monkeypatch):
 def test_a_stage_that_fails_mid_copy_keeps_its_resumable_folder(src, dest, monkeypatch):
     """Once the manifest exists the folder is a staged copy in progress: a failure keeps it, the next run
     resumes."""
-    from embodyhpc.data.staging import transfer
+    from embodyhpc.staging import transfer
 
     def fail(*args, **kwargs):
         raise OSError(5, "Input/output error")

@@ -25,8 +25,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from embodyhpc.data.staging.errors import StageInputError
-from embodyhpc.data.staging.manifest import CONTROL_PREFIX, PARTIAL_SUFFIX, FileEntry
+from embodyhpc.staging.errors import StageInputError
+from embodyhpc.staging.manifest import CONTROL_PREFIX, PARTIAL_SUFFIX, FileEntry
 
 _STAT_BATCH = 64
 """Source stats per task. On a parallel filesystem every stat waits on a metadata round trip, so a restage (stats

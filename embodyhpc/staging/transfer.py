@@ -17,9 +17,9 @@ from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
 from typing import TypeVar
 
-from embodyhpc.data.staging.errors import NotEnoughSpaceError, StagingError
-from embodyhpc.data.staging.manifest import PARTIAL_SUFFIX, leaf_hasher, root_hash
-from embodyhpc.data.staging.tree import SourceFile
+from embodyhpc.staging.errors import NotEnoughSpaceError, StagingError
+from embodyhpc.staging.manifest import PARTIAL_SUFFIX, leaf_hasher, root_hash
+from embodyhpc.staging.tree import SourceFile
 
 BLOCK_BYTES = 4 * 1024 * 1024
 _BUFFERED_READ_BYTES = 256 * 1024

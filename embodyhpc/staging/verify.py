@@ -10,13 +10,13 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from embodyhpc.data.staging import transfer
-from embodyhpc.data.staging.errors import StagedDataError
-from embodyhpc.data.staging.lock import dest_lock
-from embodyhpc.data.staging.manifest import MANIFEST_NAME, FileEntry, load_manifest, num_leaves, root_hash
-from embodyhpc.data.staging.progress import Progress
-from embodyhpc.data.staging.transfer import Chunk, Signature, WholeFiles, make_tasks, run_tasks
-from embodyhpc.data.staging.tree import SourceFile
+from embodyhpc.staging import transfer
+from embodyhpc.staging.errors import StagedDataError
+from embodyhpc.staging.lock import dest_lock
+from embodyhpc.staging.manifest import MANIFEST_NAME, FileEntry, load_manifest, num_leaves, root_hash
+from embodyhpc.staging.progress import Progress
+from embodyhpc.staging.transfer import Chunk, Signature, WholeFiles, make_tasks, run_tasks
+from embodyhpc.staging.tree import SourceFile
 
 TASKS_PER_WORKER = 4  # in flight per worker: enough to keep every worker busy, little memory
 _HASH_MISMATCH = "content differs (hash mismatch)"

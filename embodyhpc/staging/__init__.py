@@ -1,6 +1,6 @@
 """Staging a dataset to node-local NVMe before training reads it.
 
-    from embodyhpc.data.staging import stage, stage_on_node, verify_staged
+    from embodyhpc.staging import stage, stage_on_node, verify_staged
 
     stage("/lustre/datasets/pusht", "/nvme/pusht")            # CLI: embodyhpc stage SRC DEST
     stage_on_node(src, dest, local_rank=local_rank)            # in the job: local rank 0 copies, the rest wait
@@ -19,17 +19,17 @@ torch.distributed starts.
 
 from __future__ import annotations
 
-from embodyhpc.data.staging.errors import (
+from embodyhpc.staging.errors import (
     NodeStagingError,
     NotEnoughSpaceError,
     StagedDataError,
     StageInputError,
     StagingError,
 )
-from embodyhpc.data.staging.manifest import MANIFEST_NAME, file_hash, load_manifest
-from embodyhpc.data.staging.node import job_id_from_env, node_local_path, stage_on_node
-from embodyhpc.data.staging.stage import VERIFY_MODES, StageResult, stage
-from embodyhpc.data.staging.verify import VerifyResult, verify_staged
+from embodyhpc.staging.manifest import MANIFEST_NAME, file_hash, load_manifest
+from embodyhpc.staging.node import job_id_from_env, node_local_path, stage_on_node
+from embodyhpc.staging.stage import VERIFY_MODES, StageResult, stage
+from embodyhpc.staging.verify import VerifyResult, verify_staged
 
 __all__ = [
     "MANIFEST_NAME", "NodeStagingError", "VERIFY_MODES", "NotEnoughSpaceError", "StageInputError", "StageResult",

@@ -1,4 +1,5 @@
-"""LeRobot-style dataset items -> pi0.5 samples and batches: the only place that knows both vocabularies.
+"""LeRobot-style dataset items -> pi0.5 samples and batches (the spec's collate and token counts): the only place
+that knows both vocabularies.
 
 An item is what `embodyhpc.data.open_dataset(root, delta_timestamps={"action": [...]})[i]` returns:
     observation.images.<camera>  [3, H, W] float in [0, 1]   (or [T, 3, H, W] with delta_timestamps on images)
@@ -45,7 +46,9 @@ import torch
 from embodyhpc.config.schema import ModelConfig
 from embodyhpc.data.packing import first_fit_decreasing
 from embodyhpc.errors import ConfigError
-from embodyhpc.models.pi05 import Pi05Batch, Pi05Sample, collate, max_prompt_tokens, shape_for
+from embodyhpc.models.pi05.batch import Pi05Batch, Pi05Sample, collate
+from embodyhpc.models.pi05.build import max_prompt_tokens
+from embodyhpc.models.pi05.shapes import shape_for
 
 log = logging.getLogger(__name__)
 

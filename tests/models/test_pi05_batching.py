@@ -11,7 +11,7 @@ from embodyhpc.config.schema import ModelConfig
 from embodyhpc.data import open_dataset
 from embodyhpc.errors import ConfigError
 from embodyhpc.models import build_model, build_tokenizer
-from embodyhpc.train.adapter import Pi05Collate, batch_tokens, to_pi05_sample
+from embodyhpc.models.pi05.batching import Pi05Collate, batch_tokens, to_pi05_sample
 from tests.train.workers import FIXTURE
 
 HORIZON = 4
@@ -72,7 +72,7 @@ def test_collate_builds_a_batch_the_model_trains_on(dataset):
 
 
 def test_packing_efficiency_is_useful_tokens_over_the_packed_rows_budget(dataset):
-    from embodyhpc.train.adapter import batch_token_budget
+    from embodyhpc.models.pi05.batching import batch_token_budget
     from tests.parallel.harness import run_ranks
     from tests.train import workers
 

@@ -1,23 +1,26 @@
-"""pi0.5 weights for FSDP2-sharded models (models/pi05/weights.py has the published layout and the single-process
-API; this module adds what needs torch.distributed, which models/ must not import).
+"""Weights of FSDP2-sharded models, for any model plug-in: the model's published-weights adapter (its spec's
+`weights`, e.g. models/pi05/weights.py ADAPTER) states the key rules; this module adds what needs torch.distributed,
+which models/ must not import.
 
-Loading (`load_pi05_weights_sharded`, and `load_init_weights` for `model.init_weights`): every rank opens the
+Loading (`load_weights_sharded`, and `load_init_weights` for `model.init_weights`): every rank opens the
 safetensors file(s) (memory-mapped) and reads only the rows of each tensor that its FSDP shard holds, converting
-them to our layout on the way (models.pi05.weights.KeyRule.read_rows). No rank ever holds the full model: a rank
+them to our layout on the way (models.weights_io.KeyRule.read_rows). No rank ever holds the full model: a rank
 reads about 1/world of the bytes, and at most one shard of one tensor at a time besides its own parameters. The
-layout checks (models.pi05.weights.plan_load) run on every rank; the ranks agree on the outcome before anything is
+layout checks (the adapter's plan_load) run on every rank; the ranks agree on the outcome before anything is
 written, so an error is raised on every rank and none is left waiting in a collective. Floating tensors are cast to
 the model's dtypes; a non-floating tensor where the model has a floating one is refused, naming the key.
-The source is a published pi0.5 checkpoint (openpi / LeRobot: a file, a folder with model.safetensors, or a sharded
-index) or an embodyhpc export (a folder with model.safetensors in our own names).
+The source is a published checkpoint in the adapter's layout (pi0.5: openpi / LeRobot; a file, a folder with
+model.safetensors, or a sharded index) or an embodyhpc export (a folder with model.safetensors in our own names).
 Saving: `get_model_state_dict(full_state_dict=True, cpu_offload=True)` gathers full tensors to rank 0's CPU, which
 converts and writes them; every rank returns after a barrier.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -25,15 +28,20 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor, Shard
 
-from embodyhpc.models.pi05.weights import (
-    SINGLE_FILE,
-    KeyRule,
-    LoadReport,
-    SafetensorsCheckpoint,
-    WeightsLayoutError,
-    plan_load,
-    to_published,
-)
+from embodyhpc.models.weights_io import SINGLE_FILE, KeyRule, LoadReport, SafetensorsCheckpoint, WeightsLayoutError
+
+
+class WeightsAdapter(Protocol):
+    """A model's published-weights layout (ModelSpec.weights): its key rules, both ways."""
+
+    layout: str
+    """Written into saved files' metadata."""
+
+    def plan_load(self, source: SafetensorsCheckpoint, model: nn.Module, targets: Mapping[str, tuple[int, ...]], *,
+                  strict: bool, source_name: str) -> tuple[LoadReport, list[tuple[KeyRule, str]]]: ...
+
+    def to_published(self, state: Mapping[str, torch.Tensor], model: nn.Module, *, placeholders: bool = True,
+                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]: ...
 
 
 @dataclass
@@ -94,7 +102,7 @@ def _own_layout(source: SafetensorsCheckpoint, targets: dict[str, torch.Tensor],
     return report, [(KeyRule(k, k), k) for k in report.loaded]
 
 
-def _plan(model: nn.Module, path: str | Path, targets: dict[str, torch.Tensor],
+def _plan(model: nn.Module, path: str | Path, targets: dict[str, torch.Tensor], adapter: WeightsAdapter | None,
           strict: bool) -> tuple[SafetensorsCheckpoint, LoadReport, list[tuple[KeyRule, str]]]:
     name = str(path)
     try:
@@ -105,23 +113,26 @@ def _plan(model: nn.Module, path: str | Path, targets: dict[str, torch.Tensor],
         raise WeightsLayoutError(f"{name}: not a readable safetensors checkpoint ({exc})") from None
     if len(set(targets) & set(source.keys())) * 2 > len(targets):  # our names (a few coincide with theirs)
         report, to_load = _own_layout(source, targets, name, strict)
+    elif adapter is None:
+        raise WeightsLayoutError(f"{name}: not an embodyhpc export of this model, and the model reads no published "
+                                 "layout (its spec has no weights adapter)")
     else:
-        report, to_load = plan_load(source, model.shape, {k: tuple(v.shape) for k, v in targets.items()},
-                                    strict=strict, source_name=name)
+        report, to_load = adapter.plan_load(source, model, {k: tuple(v.shape) for k, v in targets.items()},
+                                            strict=strict, source_name=name)
     for rule, key in to_load:
         if targets[rule.ours].is_floating_point() and not source.dtype(key).startswith(("F", "BF")):
             raise WeightsLayoutError(f"{name}: {key} holds {source.dtype(key)} values where the model has "
-                                     f"{targets[rule.ours].dtype} (not pi0.5 weights)")
+                                     f"{targets[rule.ours].dtype} (not weights of this model)")
     return source, report, to_load
 
 
-def load_pi05_weights_sharded(model: nn.Module, path_or_dir: str | Path, *, strict: bool = True,
-                              stats: ReadStats | None = None) -> LoadReport:
+def load_weights_sharded(model: nn.Module, path_or_dir: str | Path, adapter: WeightsAdapter | None, *,
+                         strict: bool = True, stats: ReadStats | None = None) -> LoadReport:
     """Collective: every rank calls it after parallelize + materialize; returns the same report on every rank."""
     targets = _targets(model)
     outcome: object
     try:
-        source, report, to_load = _plan(model, path_or_dir, targets, strict)
+        source, report, to_load = _plan(model, path_or_dir, targets, adapter, strict)
         outcome = None
     except (WeightsLayoutError, OSError, ValueError) as exc:
         outcome = exc
@@ -148,14 +159,15 @@ def load_pi05_weights_sharded(model: nn.Module, path_or_dir: str | Path, *, stri
     return report
 
 
-def load_init_weights(model: nn.Module, path: str | Path) -> LoadReport:
-    """`model.init_weights`: a fresh run's step-0 weights from a published pi0.5 checkpoint or an embodyhpc export
-    (strict: every tensor of the model must be in the file; keys the model does not use are ignored)."""
-    return load_pi05_weights_sharded(model, path, strict=True)
+def load_init_weights(model: nn.Module, path: str | Path, adapter: WeightsAdapter | None) -> LoadReport:
+    """`model.init_weights`: a fresh run's step-0 weights from a published checkpoint (the adapter's layout) or an
+    embodyhpc export (strict: every tensor of the model must be in the file; keys the model does not use are
+    ignored)."""
+    return load_weights_sharded(model, path, adapter, strict=True)
 
 
-def save_pi05_weights_sharded(model: nn.Module, path: str | Path, *, placeholders: bool = True,
-                              dtype: torch.dtype | None = None) -> Path:
+def save_weights_sharded(model: nn.Module, path: str | Path, adapter: WeightsAdapter, *, placeholders: bool = True,
+                         dtype: torch.dtype | None = None) -> Path:
     """Collective: gathers the full weights to rank 0, which writes one safetensors file in the published layout."""
     from safetensors.torch import save_file
 
@@ -166,7 +178,7 @@ def save_pi05_weights_sharded(model: nn.Module, path: str | Path, *, placeholder
     if dist.get_rank() == 0:
         full = {k: v for k, v in full.items() if not k.endswith("_extra_state")}
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(to_published(full, model.shape, placeholders=placeholders, dtype=dtype), str(path),
-                  metadata={"format": "pt", "layout": "openpi-pytorch-pi05"})
+        save_file(adapter.to_published(full, model, placeholders=placeholders, dtype=dtype), str(path),
+                  metadata={"format": "pt", "layout": adapter.layout})
     dist.barrier()
     return path

@@ -15,7 +15,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is imported: CPU rend
 require("metaworld", "sim")
 
 from embodyhpc.data import open_dataset  # noqa: E402
-from embodyhpc.data.metaworld_demos import (  # noqa: E402
+from embodyhpc.errors import UserError  # noqa: E402
+from embodyhpc.sim.metaworld import (  # noqa: E402
     INSTRUCTIONS,
     MT10_TASKS,
     CameraRenderer,
@@ -23,7 +24,6 @@ from embodyhpc.data.metaworld_demos import (  # noqa: E402
     instruction_for,
     make_env,
 )
-from embodyhpc.errors import UserError  # noqa: E402
 
 TASK = "reach-v3"  # the expert succeeds in 34-54 steps: short episodes keep this module fast
 SIZE = 64

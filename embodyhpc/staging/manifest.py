@@ -51,7 +51,7 @@ from typing import Any
 
 import xxhash
 
-from embodyhpc.data.staging.errors import StagingError
+from embodyhpc.staging.errors import StagingError
 
 CONTROL_PREFIX = ".embodyhpc-stage"
 """Entries at the top of DEST whose names start with this belong to staging (never copied or deleted)."""

@@ -1,6 +1,6 @@
 """Demonstrations from MetaWorld v3's scripted experts, written as a LeRobot v3.0 dataset.
 
-    from embodyhpc.data.metaworld_demos import generate_demos
+    from embodyhpc.sim.metaworld import generate_demos
     summary = generate_demos("/data/mt4_demos", tasks=["reach-v3", "push-v3"], episodes_per_task=5, seed=0)
     print(summary.num_episodes, summary.seconds_per_episode)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from embodyhpc.data.staging import (
+from embodyhpc.staging import (
     MANIFEST_NAME,
     NodeStagingError,
     NotEnoughSpaceError,
@@ -32,10 +32,10 @@ from embodyhpc.data.staging import (
     transfer,
     verify_staged,
 )
-from embodyhpc.data.staging import manifest as manifest_module
-from embodyhpc.data.staging import node as node_module
-from embodyhpc.data.staging.manifest import CONTROL_PREFIX, PARTIAL_SUFFIX
-from embodyhpc.data.staging.progress import Progress
+from embodyhpc.staging import manifest as manifest_module
+from embodyhpc.staging import node as node_module
+from embodyhpc.staging.manifest import CONTROL_PREFIX, PARTIAL_SUFFIX
+from embodyhpc.staging.progress import Progress
 
 CHUNK = 64 * 1024  # hash leaf in these tests, so a 300 KiB file takes the parallel large-file path
 LARGE = "videos/cam0/file-000.mp4"
@@ -557,7 +557,7 @@ def test_staging_modules_never_import_torch():
             "pkg = types.ModuleType('embodyhpc.data')\n"  # skip embodyhpc.data's own __init__ (the readers)
             f"pkg.__path__ = [{str(package)!r}]\n"
             "sys.modules['embodyhpc.data'] = pkg\n"
-            "import embodyhpc.data.staging\n"
+            "import embodyhpc.staging\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -847,8 +847,8 @@ def test_small_files_of_a_fast_source_are_copied_on_one_thread(src, dest, monkey
     """A local source answering stats in microseconds: small files on the one 'small' thread, chunks of large files
     on the pool. A slow one, or a network filesystem whose stats come from its client's cache (opens still wait on
     a server), or one of unknown type: everything on the pool."""
-    from embodyhpc.data.staging import tree
     from embodyhpc.hw import storage
+    from embodyhpc.staging import tree
     monkeypatch.setattr(tree, "_INLINE_STAT_S", float("inf") if fast_stats else 0.0)
     monkeypatch.setattr(storage, "read_mounts", lambda: [storage.Mount("dev", "/", fstype)] if fstype else [])
     threads: dict[str, set[str]] = {}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from embodyhpc.data.staging import tree
+from embodyhpc.staging import tree
 
 
 class CountingPool(ThreadPoolExecutor):

@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from embodyhpc.data.staging.errors import NodeStagingError, StageInputError
-from embodyhpc.data.staging.manifest import CONTROL_PREFIX, write_json_atomic
-from embodyhpc.data.staging.stage import StageResult, stage
+from embodyhpc.staging.errors import NodeStagingError, StageInputError
+from embodyhpc.staging.manifest import CONTROL_PREFIX, write_json_atomic
+from embodyhpc.staging.stage import StageResult, stage
 
 MARKERS_DIR = CONTROL_PREFIX + ".markers"
 MARKER_MAX_AGE_S = 7 * 24 * 3600.0

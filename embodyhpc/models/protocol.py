@@ -1,0 +1,62 @@
+"""What the rest of embodyhpc may call on a model and its batches: the contract a model plug-in implements.
+
+Who calls what:
+- the training loop (train/loop.py): `model(batch)` -> an output with `.loss` (a scalar tensor; backward is the
+  loop's), `model.train()`, `parameters()`; batches come from the spec's collate and only need `.to(device)`;
+- embodyhpc/parallel: `fsdp_units()` (the blocks to shard one by one: parallel/ never guesses them), `init_rules()`
+  (how each parameter is filled after a meta-device build: embodyhpc/models/init.py), and optionally
+  `fsdp_forward_methods()` (methods besides forward that run the sharded model, e.g. sampling);
+- the checkpointer and exports: `state_dict()` / `load_state_dict()` (plain nn.Module);
+- evaluation: the spec's `inference` class wraps the model and implements EvalPolicy.
+
+Every torch.nn.Module that adds fsdp_units, init_rules and init_weights satisfies TrainablePolicy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from torch import nn
+
+    from embodyhpc.models.init import Rule
+
+
+@runtime_checkable
+class Batch(Protocol):
+    def to(self, device: torch.device | str) -> Batch: ...
+
+
+class Output(Protocol):
+    loss: torch.Tensor
+
+
+@runtime_checkable
+class TrainablePolicy(Protocol):
+    def __call__(self, batch: Any) -> Output: ...
+
+    def fsdp_units(self) -> list[nn.Module]: ...
+
+    def init_rules(self, fqn: str, module: nn.Module) -> Mapping[str, Rule]: ...
+
+    def init_weights(self, seed: int | None = None) -> None: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def parameters(self, recurse: bool = True) -> Any: ...
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class EvalPolicy(Protocol):
+    """What embodyhpc/eval runs: the spec's inference class, built by eval/trained.py with the loaded model."""
+
+    step: int | None
+
+    def reset(self, task: str, seed: int) -> None: ...
+
+    def act(self, obs: Mapping[str, Any]) -> np.ndarray: ...

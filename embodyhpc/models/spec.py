@@ -1,0 +1,132 @@
+"""What a model plug-in is: a folder (a Python package) plus a ModelSpec, found by `model.name`.
+
+    # mymodels/act/__init__.py: torch-free; the heavy parts are named "module:attr" and imported on first use
+    SPEC = ModelSpec(name="act", options=ActOptions, build="mymodels.act.model:build",
+                     collate="mymodels.act.model:Collate", token_count="mymodels.act.model:tokens",
+                     inference="mymodels.act.model:ActRunner")
+    register_model(SPEC)                                            # in-process, or as a package entry point:
+    # [project.entry-points."embodyhpc.models"]  act = "mymodels.act:SPEC"
+
+Who calls what (the typed side is embodyhpc/models/protocol.py):
+- `validate` (config/schema.py ModelConfig): the name against `available_models()` (no model is imported: entry
+  points are read from package metadata), then the model's own options (model.options.*) against `spec.options`,
+  a dataclass whose `__post_init__` checks its invariants, built with the recipe's own type rules.
+- the training loop: `build` on the meta device, `tokenizer`, `collate` (DataLoader items -> a batch), `token_count`
+  and `token_budget` (metrics), `weights` for model.init_weights (the key rules of published checkpoints; the
+  sliced, per-rank read is embodyhpc/checkpoint/sliced_weights.py, since models/ never imports torch.distributed);
+- embodyhpc/parallel: the built model's `fsdp_units()` and `init_rules()` (the model declares, parallel/ applies);
+- the checkpointer and exports: the model's state_dict; `check_fits` builds the model on meta to compare shapes;
+- evaluation (eval/trained.py): `inference`, a class built from the loaded model that acts in a suite.
+
+pi0.5's options stay where existing recipes put them (model.size, model.tokenizer_path, ... directly under
+`model`); a plug-in's own options live under `model.options` and its spec's `options` dataclass refuses unknown
+keys and wrong types with the same one-line errors as every other key.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from embodyhpc.errors import ConfigError
+
+ENTRY_POINT_GROUP = "embodyhpc.models"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model plug-in. Callables are "module:attr" strings (imported on first use: validating a recipe imports no
+    torch) or the objects themselves."""
+
+    name: str
+    """`model.name` of recipes that select it."""
+    build: Any
+    """(model_cfg, precision_cfg) -> nn.Module following models/protocol.TrainablePolicy; called under
+    torch.device("meta") by the loop, so parameters must be created by the constructor and filled by init_rules."""
+    collate: Any
+    """(model_cfg, tokenizer, normalizer) -> a picklable callable: list of dataset items -> a batch with `.to(device)`
+    (LeRobot-style items: observation.images.*, the state at model.state_key, an action chunk, task)."""
+    token_count: Any
+    """(batch, model_cfg) -> int: the tokens (or samples, for a model without tokens) behind tokens_per_s."""
+    inference: Any
+    """A class, (model, config, *, normalizer, execute_steps, denoise_steps, num_action_dims) -> an evaluation policy
+    (eval/policies.py: reset(task, seed), act(obs) -> action)."""
+    options: type | None = None
+    """A dataclass of the model's own options (model.options.*), checked in its __post_init__ at validate."""
+    tokenizer: Any = None
+    """model_cfg -> tokenizer, or None for a model that reads no text."""
+    token_budget: Any = None
+    """(batch, model_cfg) -> int: the token room of a packed batch (packing_efficiency); None: never packs."""
+    weights: Any = None
+    """A published-weights adapter (checkpoint/sliced_weights.WeightsAdapter) for model.init_weights from a
+    published checkpoint; None: model.init_weights reads embodyhpc exports only."""
+
+    def load(self, field: str) -> Any:
+        """The callable named by `field`, imported on first use."""
+        target = getattr(self, field)
+        if isinstance(target, str):
+            module, _, attr = target.partition(":")
+            target = getattr(importlib.import_module(module), attr)
+        return target
+
+    def parse_options(self, options: Mapping[str, Any]) -> Any:
+        """model.options as the spec's dataclass (None without one); one-line ConfigError for a wrong key or type."""
+        from embodyhpc.config.coerce import build, field_types
+
+        if self.options is None:
+            if options:
+                raise ConfigError(f"the {self.name} model takes no options", key=f"model.options.{next(iter(options))}",
+                                  fix="remove model.options")
+            return None
+        allowed = field_types(self.options)
+        for key in options:
+            if key not in allowed:
+                raise ConfigError(f"the {self.name} model has no option {key!r}", key=f"model.options.{key}",
+                                  fix=f"use one of: {', '.join(allowed)}")
+        try:
+            return build(self.options, dict(options), "model.options.")
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(str(exc).splitlines()[0], key="model.options") from None
+
+
+_REGISTRY: dict[str, ModelSpec | str] = {"pi05": "embodyhpc.models.pi05:SPEC"}  # the shipped model, in its folder
+
+
+def register_model(spec: ModelSpec) -> None:
+    """Make `model.name: <spec.name>` select `spec` in this process (entry points reach job processes too)."""
+    _REGISTRY[spec.name] = spec
+
+
+def _entry_points() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available_models() -> list[str]:
+    """Registered model names and those declared as entry points (nothing is imported)."""
+    return sorted(set(_REGISTRY) | set(_entry_points()))
+
+
+def model_spec(name: str) -> ModelSpec:
+    """The spec of `model.name`; a one-line ConfigError naming the registered models for an unknown one."""
+    spec = _REGISTRY.get(name)
+    if spec is None:
+        entry = _entry_points().get(name)
+        if entry is None:
+            known = available_models()
+            raise ConfigError(f"unknown model {name!r}; registered: {', '.join(known)}", key="model.name",
+                              fix=f"set model.name to one of them, or register yours (register_model or a "
+                                  f"{ENTRY_POINT_GROUP!r} entry point)")
+        spec = entry.load()  # not cached: the installed entry points decide, as in a fresh process
+    elif isinstance(spec, str):
+        module, _, attr = spec.partition(":")
+        spec = _REGISTRY[name] = getattr(importlib.import_module(module), attr)
+    if not isinstance(spec, ModelSpec) or spec.name != name:
+        raise ConfigError(f"the plug-in registered as {name!r} is not a ModelSpec named {name!r} "
+                          f"(got {type(spec).__name__})", key="model.name")
+    return spec

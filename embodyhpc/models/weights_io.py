@@ -1,0 +1,133 @@
+"""Reading safetensors checkpoints for any model: lazy file access, key conversion rules, the load report.
+
+A model's published-weights adapter (its spec's `weights`, e.g. models/pi05/weights.py) maps published keys to its
+own with KeyRules; embodyhpc/checkpoint/sliced_weights.py reads each rank's rows through them. Nothing here imports
+torch.distributed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+INDEX_FILE, SINGLE_FILE = "model.safetensors.index.json", "model.safetensors"
+
+
+class WeightsLayoutError(ValueError):
+    """The checkpoint does not fit the model; the message names the keys."""
+
+
+@dataclass(frozen=True)
+class KeyRule:
+    """One tensor of ours and its published counterpart; `kind` names the conversion (see the module table)."""
+
+    ours: str
+    theirs: str
+    kind: str = "same"  # "same" | "position" (our [1, P, W] <-> their [P, W]) | "drop_gate" (final norm)
+
+    def their_shape(self, ours: tuple[int, ...]) -> tuple[int, ...]:
+        if self.kind == "position":
+            return tuple(ours[1:])
+        if self.kind == "drop_gate":
+            return (ours[0] // 2 * 3, *ours[1:])
+        return tuple(ours)
+
+    def to_theirs(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.kind == "position":
+            return tensor.reshape(tensor.shape[1:])
+        if self.kind == "drop_gate":
+            return torch.cat([tensor, tensor.new_zeros(tensor.shape[0] // 2, *tensor.shape[1:])])
+        return tensor
+
+    def to_ours(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.kind == "position":
+            return tensor.reshape(1, *tensor.shape)
+        if self.kind == "drop_gate":
+            return tensor[: tensor.shape[0] // 3 * 2]
+        return tensor
+
+    def read_rows(self, rows: Callable[[int, int], torch.Tensor], start: int, stop: int,
+                  ours: tuple[int, ...]) -> torch.Tensor:
+        """Rows start:stop (dim 0) of our tensor, reading only what they need from the file (`rows(a, b)` reads
+        rows a:b of the published tensor): what a rank holding one FSDP shard reads."""
+        if self.kind == "position":  # ours [1, P, W]: the one row is their whole [P, W] tensor
+            return rows(0, ours[1]).reshape(1, *ours[1:]) if stop > start else torch.empty(0, *ours[1:])
+        return rows(start, stop)  # "same", and "drop_gate" (our rows are their first 2D rows)
+
+
+class SafetensorsCheckpoint:
+    """Lazy read access to a safetensors file, or a folder with model.safetensors or a sharded index."""
+
+    def __init__(self, path: str | Path) -> None:
+        from safetensors import safe_open  # the `train` extra; imported here so models/ imports without it
+
+        path = Path(path)
+        if path.is_dir():
+            if (path / INDEX_FILE).is_file():
+                path = path / INDEX_FILE
+            elif (path / SINGLE_FILE).is_file():
+                path = path / SINGLE_FILE
+            else:
+                raise FileNotFoundError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} in this folder")
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such checkpoint file")
+        if path.name.endswith(".json"):
+            weight_map = json.loads(path.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        else:
+            weight_map, files = None, [path.name]
+        self.path = path
+        self._handles = {name: safe_open(str(path.parent / name), framework="pt", device="cpu") for name in files}
+        if weight_map is None:
+            weight_map = {key: files[0] for key in self._handles[files[0]].keys()}
+        self._file_of = weight_map
+
+    def keys(self) -> list[str]:
+        return list(self._file_of)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._handles[self._file_of[key]].get_slice(key).get_shape())
+
+    def get(self, key: str) -> torch.Tensor:
+        return self._handles[self._file_of[key]].get_tensor(key)
+
+    def get_rows(self, key: str, start: int, stop: int) -> torch.Tensor:
+        """Rows start:stop of a tensor (dim 0), read without reading the rest (safetensors slices the file)."""
+        view = self._handles[self._file_of[key]].get_slice(key)
+        if not view.get_shape():  # 0-d
+            return view[...]
+        return view[start:stop]
+
+    def dtype(self, key: str) -> str:
+        return self._handles[self._file_of[key]].get_slice(key).get_dtype()
+
+
+TensorSource = SafetensorsCheckpoint | Mapping[str, torch.Tensor]
+
+
+# ---- the report ----
+@dataclass
+class LoadReport:
+    """What a load did. `loaded`, `missing`, `unexpected` and `ignored` hold published key names (missing: keys the
+    model needs that the checkpoint lacks); `mismatched`: (key, the model's shape, the checkpoint's shape)."""
+
+    source: str
+    loaded: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    key_prefix: str = ""  # "model." for LeRobot policy files
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def summary(self) -> str:
+        return (f"{self.source}: {len(self.loaded)} loaded, {len(self.missing)} missing, "
+                f"{len(self.unexpected)} unexpected, {len(self.mismatched)} shape mismatches, "
+                f"{len(self.ignored)} ignored (unused by the model)")
