@@ -131,6 +131,8 @@ class ShardSummary:
     steps: int = 0
     wall_s: float = 0.0
     videos: list[Path] = field(default_factory=list)
+    num_envs: int = 1
+    """Episodes run at once (embodyhpc.eval.vector)."""
 
     @property
     def episodes_per_s(self) -> float:

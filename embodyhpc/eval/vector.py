@@ -241,6 +241,7 @@ def run_shard_vector(spec: SuiteSpec, episodes: Sequence[Episode], policy: Batch
     reads = getattr(policy, "reads_next_observation", None)
     start = time.perf_counter()
     with EnvWorkers(spec, min(num_envs, max(len(ordered), 1))) as workers:
+        summary.num_envs = len(workers)
         running: dict[int, _Running] = {}
 
         def start_next(envs: Sequence[int]) -> None:

@@ -132,7 +132,7 @@ def _run(run: Path, shard: int) -> dict[str, Any]:
                                     shard_file(run, name, shard), **common)
             summaries[name] = summary.to_dict()
             print(f"shard {shard}: {name}: {summary.successes}/{summary.episodes} successes "
-                  f"({summary.episodes_per_s:.2f} episodes/s)", flush=True)
+                  f"({summary.episodes_per_s:.2f} episodes/s, {summary.num_envs} env(s) at once)", flush=True)
     finally:
         if suite is not None:
             suite.close()

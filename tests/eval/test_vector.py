@@ -57,7 +57,7 @@ def test_line_world_n_envs_give_the_records_of_n_sequential_episodes(tmp_path):
     assert vec == seq
     assert [(r["task"], r["episode"]) for r in vec] == [("walk", e) for e in range(4)] + [("run", e) for e in range(4)]
     assert len({(r["success"], r["length"]) for r in vec}) > 1  # episodes differ: the comparison means something
-    assert summary.episodes == 8 and summary.steps == sum(r["length"] for r in vec)
+    assert summary.num_envs == 3 and summary.episodes == 8 and summary.steps == sum(r["length"] for r in vec)
     assert summary.successes == sum(r["success"] for r in vec)
     assert sorted(p.name for p in (tmp_path / "vec-videos" / "p" / "walk").iterdir()) == ["seed0-ep0000.mp4"]
     assert not list(tmp_path.glob("*.tmp"))
