@@ -125,7 +125,7 @@ def test_a_failing_env_names_its_episode_and_the_workers_are_reaped(tmp_path):
 
 @pytest.mark.slow
 def test_libero_pair_of_short_episodes_is_the_same_with_two_envs(tmp_path):
-    require("libero")
+    require("libero", "libero")
     spec = SuiteSpec.of("libero", ["libero_spatial/0"], render_quality="fast")
     episodes = [Episode("libero_spatial/0", 0, 0), Episode("libero_spatial/0", 0, 1)]
     seq, vec, _ = both(tmp_path, spec, episodes, RandomPolicy, 2, max_steps=5, videos_per_task=0)
