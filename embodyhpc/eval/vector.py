@@ -54,6 +54,9 @@ from embodyhpc.eval.shards import Episode
 from embodyhpc.eval.suites import Obs, Suite, episode_seed, suite_factory
 
 WORKER_CLOSE_TIMEOUT_S = 30.0
+WORKER_THREAD_VARS = ("LP_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+"""Thread counts a worker sets to 1 where unset: Mesa's llvmpipe (CPU rendering) and BLAS would otherwise start
+a thread per core in every worker."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ class PerEnvPolicies:
 
 def _worker(conn: Any, spec: SuiteSpec) -> None:
     """One env process: serves the pipe protocol of the module doc until ("close",) or the parent goes away."""
+    for var in WORKER_THREAD_VARS:  # N workers share the shard's cores: one thread each unless the site says
+        os.environ.setdefault(var, "1")
     suite = env = recorder = None
     try:
         suite = spec.make()
