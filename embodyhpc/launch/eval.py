@@ -100,8 +100,10 @@ def _run(run: Path, shard: int) -> dict[str, Any]:
 
         io = read_policy_io(weights)
         cameras, image_size = io.get("cameras", []), io.get("image_size", image_size)
+        workers = ev.envs_per_shard if ev.envs_per_shard > 1 else 0  # env workers take a core each
         policies[TRAINED] = TrainedPolicy.from_export(weights, execute_steps=ev.execute_steps,
-                                                      denoise_steps=ev.denoise_steps, threads=ev.cpus_per_task,
+                                                      denoise_steps=ev.denoise_steps,
+                                                      threads=max(1, ev.cpus_per_task - workers),
                                                       gpus=ev.gpus_per_task)
         step = policies[TRAINED].step
     # the trained policy sees the cameras it was trained on; reference rows read state only (no rendering but
