@@ -347,6 +347,11 @@ class EvalConfig:
         for key in ("episodes_per_task", "shards", "array_parallelism", "cpus_per_task", "envs_per_shard"):
             checks.positive(f"eval.{key}", getattr(self, key))
         checks.positive("eval.gpus_per_task", self.gpus_per_task, allow_zero=True)
+        if self.envs_per_shard > self.cpus_per_task:  # each env worker steps on a core of its own
+            raise ConfigError(f"{self.envs_per_shard} envs per shard need as many cores, the shard has "
+                              f"{self.cpus_per_task}", key="eval.envs_per_shard", related=("eval.cpus_per_task",),
+                              fix=f"set eval.cpus_per_task={self.envs_per_shard + 1} (a core per env and one for "
+                                  "the policy) or fewer envs")
         checks.positive("eval.every_k_checkpoints", self.every_k_checkpoints, allow_zero=True)
         for key in ("execute_steps", "denoise_steps", "image_size"):
             checks.positive(f"eval.{key}", getattr(self, key))

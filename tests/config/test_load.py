@@ -52,6 +52,13 @@ def test_libero_recipe_fine_tunes_from_weights_the_user_names_and_evaluates_on_g
     assert (config.eval.gpus_per_task, config.eval.envs_per_shard) == (1, 8)
 
 
+def test_envs_per_shard_need_a_core_each(cli):
+    result = cli("validate", "smoke_cpu", "eval.envs_per_shard=3", "eval.cpus_per_task=2")
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1
+    assert "eval.envs_per_shard" in result.err and "eval.cpus_per_task=4" in result.err
+    assert cli("validate", "smoke_cpu", "eval.envs_per_shard=3", "eval.cpus_per_task=3").code == 0
+
+
 def test_precedence_defaults_recipe_site_overrides():
     loaded = load_recipe("pi05_bf16", [*NEEDS, "job.runs_root=/override"], site="example_ib")
     assert loaded.config.job.runs_root == "/override"  # override beats site

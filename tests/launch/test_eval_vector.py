@@ -16,7 +16,8 @@ TIMING = ("wall_s", "host")
 
 def shard_records(tmp_path, envs: int, capsys) -> dict[str, list[dict]]:
     loaded = load_recipe("smoke_cpu", [f"job.runs_root={tmp_path}", "eval.shards=1", "eval.episodes_per_task=3",
-                                       "eval.max_steps=30", f"eval.envs_per_shard={envs}"])
+                                       "eval.max_steps=30", f"eval.envs_per_shard={envs}",
+                                       f"eval.cpus_per_task={envs}"])
     run = tmp_path / f"envs-{envs}"
     assert make_run_dir(run)
     start_run(loaded, run, backend="local", python="/venv/bin/python", mlflow_run_id=None)
