@@ -126,9 +126,7 @@ class TrainedPolicy:
         get new chunks from one forward over their stacked observations."""
         if len(observations) != len(envs):
             raise ValueError(f"{len(observations)} observations for {len(envs)} envs")
-        missing = [env for env in envs if env not in self._queues]
-        if missing:
-            raise RuntimeError(f"call reset(task, seed, env) before acting (env {missing[0]})")
+        self._check_reset(envs)
         replan = [i for i, env in enumerate(envs) if not self._queues[env]]
         if replan:
             chunks = self.predict_chunks([observations[i] for i in replan], [envs[i] for i in replan])
@@ -152,6 +150,7 @@ class TrainedPolicy:
         from embodyhpc.models.pi05 import collate
         from embodyhpc.train.adapter import resize_images
 
+        self._check_reset(envs)
         samples = [self._sample(obs) for obs in observations]
         num_cameras = samples[0].images.shape[0]
         if any(sample.images.shape != samples[0].images.shape for sample in samples):
@@ -168,6 +167,11 @@ class TrainedPolicy:
         self.batches_predicted += 1
         actions = actions[:, :, : self.num_action_dims].float().cpu().numpy().astype(np.float32)
         return list(actions)
+
+    def _check_reset(self, envs: Sequence[int]) -> None:
+        missing = [env for env in envs if env not in self._queues]
+        if missing:
+            raise RuntimeError(f"call reset(task, seed, env={missing[0]}) before acting for that env")
 
     def _sample(self, obs: Obs) -> Any:
         import torch

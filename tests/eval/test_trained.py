@@ -73,3 +73,16 @@ def test_from_export_places_the_model_by_the_shards_gpus(tiny, tmp_path, monkeyp
     assert asked == [1] and {p.dtype for p in policy.model.parameters()} == {torch.bfloat16}
     policy.reset("reach-v3", 0)
     assert np.isfinite(policy.act(observation(1))).all()
+
+
+def test_an_env_acts_only_after_its_reset(tiny):
+    loaded, model = tiny
+    config = loaded.config
+    policy = TrainedPolicy(model, config, normalizer=StateNormalizer(config.model.state_key, "none"),
+                           execute_steps=2, denoise_steps=2, num_action_dims=4)
+    policy.reset("reach-v3", 3, env=1)
+    with pytest.raises(RuntimeError, match=r"reset\(task, seed, env=0\)"):
+        policy.act_batch([observation(0), observation(1)], [1, 0])
+    with pytest.raises(ValueError, match="2 observations for 1 envs"):
+        policy.act_batch([observation(0), observation(1)], [1])
+    assert policy.act_batch([observation(0)], [1])[0].shape == (4,) and not policy.reads_next_observation(1)
