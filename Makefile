@@ -59,6 +59,7 @@ bench: setup  ## ratios against baselines measured in the same run (bench/README
 	$(PY) bench/pi05_attention.py
 	$(PY) bench/compile_blocks.py
 	$(PY) bench/eval_throughput.py
+	$(PY) bench/eval_vector.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -302,6 +302,12 @@ class EvalConfig:
     array_parallelism: int = 8
     """At most this many shards run at once (sbatch --array=...%N)."""
     cpus_per_task: int = 1
+    gpus_per_task: int = 0
+    """GPUs per shard, requested in the site's style (site.gpu_request); the trained policy then runs on the
+    shard's GPU in bf16 (0: on the CPU in fp32)."""
+    envs_per_shard: int = 1
+    """Episodes a shard runs at once, each env stepping in its own worker process, the policy acting on all
+    their observations in one batch (embodyhpc.eval.vector); 1: one episode after another in the shard's process."""
     mem: str = "4G"
     time: str = "00:30:00"
     """Time limit per shard."""
@@ -347,8 +353,14 @@ class EvalConfig:
             close = difflib.get_close_matches(task, accepted, n=1)
             raise ConfigError(f"{task!r} is not a task of the {self.suite} suite", key="eval.tasks",
                               fix=f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(accepted)}")
-        for key in ("episodes_per_task", "shards", "array_parallelism", "cpus_per_task"):
+        for key in ("episodes_per_task", "shards", "array_parallelism", "cpus_per_task", "envs_per_shard"):
             checks.positive(f"eval.{key}", getattr(self, key))
+        checks.positive("eval.gpus_per_task", self.gpus_per_task, allow_zero=True)
+        if self.envs_per_shard > self.cpus_per_task:  # each env worker steps on a core of its own
+            raise ConfigError(f"{self.envs_per_shard} envs per shard need as many cores, the shard has "
+                              f"{self.cpus_per_task}", key="eval.envs_per_shard", related=("eval.cpus_per_task",),
+                              fix=f"set eval.cpus_per_task={self.envs_per_shard + 1} (a core per env and one for "
+                                  "the policy) or fewer envs")
         checks.positive("eval.every_k_checkpoints", self.every_k_checkpoints, allow_zero=True)
         for key in ("execute_steps", "denoise_steps", "image_size"):
             checks.positive(f"eval.{key}", getattr(self, key))

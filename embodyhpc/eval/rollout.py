@@ -131,6 +131,8 @@ class ShardSummary:
     steps: int = 0
     wall_s: float = 0.0
     videos: list[Path] = field(default_factory=list)
+    num_envs: int = 1
+    """Episodes run at once (embodyhpc.eval.vector)."""
 
     @property
     def episodes_per_s(self) -> float:
@@ -150,6 +152,31 @@ def video_name(policy_name: str, episode: Episode) -> str:
     return f"{policy_name}/{episode.task}/seed{episode.seed}-ep{episode.episode:04d}.mp4"
 
 
+def check_shard_args(videos_per_task: int, extra: Mapping[str, Any] | None) -> None:
+    if videos_per_task < 0:
+        raise ValueError(f"videos_per_task must be >= 0, got {videos_per_task}")
+    clash = sorted(set(extra or ()) & RECORD_FIELDS)
+    if clash:
+        raise ValueError(f"extra fields {clash} would overwrite the episode record's own fields")
+
+
+def shard_order(episodes: Sequence[Episode]) -> list[Episode]:
+    """Episodes grouped by task in order of first appearance, plan order within a task (the suite keeps a task's
+    simulator between its episodes)."""
+    first_seen = {task: i for i, task in reversed(list(enumerate(e.task for e in episodes)))}
+    return sorted(episodes, key=lambda e: first_seen[e.task])  # stable: plan order within a task
+
+
+def episode_video(video_dir: str | os.PathLike | None, policy_name: str, episode: Episode,
+                  videos_per_task: int) -> Path | None:
+    """Where the episode's video goes (its folder made), None when it records none (see the module doc)."""
+    if video_dir is None or episode.episode >= videos_per_task:
+        return None
+    video = Path(video_dir) / video_name(policy_name, episode)
+    video.parent.mkdir(parents=True, exist_ok=True)
+    return video
+
+
 def run_shard(suite: Suite, episodes: Sequence[Episode], policy: Policy, out_jsonl: str | os.PathLike, *,
               policy_name: str, video_dir: str | os.PathLike | None = None, videos_per_task: int = 1,
               max_steps: int | None = None, stop_on_success: bool = True,
@@ -160,24 +187,15 @@ def run_shard(suite: Suite, episodes: Sequence[Episode], policy: Policy, out_jso
     "policy": policy_name and the `extra` fields (e.g. shard index, checkpoint step).
     max_steps: per-episode step limit (default: the suite's limit of each task).
     """
-    if videos_per_task < 0:
-        raise ValueError(f"videos_per_task must be >= 0, got {videos_per_task}")
-    clash = sorted(set(extra or ()) & RECORD_FIELDS)
-    if clash:
-        raise ValueError(f"extra fields {clash} would overwrite the episode record's own fields")
+    check_shard_args(videos_per_task, extra)
     out = Path(out_jsonl)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    first_seen = {task: i for i, task in reversed(list(enumerate(e.task for e in episodes)))}
-    ordered = sorted(episodes, key=lambda e: first_seen[e.task])  # stable: plan order within a task
     summary = ShardSummary(out=out, policy=policy_name)
     start = time.perf_counter()
     with tmp.open("w") as f:
-        for episode in ordered:
-            video = None
-            if video_dir is not None and episode.episode < videos_per_task:
-                video = Path(video_dir) / video_name(policy_name, episode)
-                video.parent.mkdir(parents=True, exist_ok=True)
+        for episode in shard_order(episodes):
+            video = episode_video(video_dir, policy_name, episode, videos_per_task)
             env = suite.make_env(episode.task, episode.seed, episode.episode)
             try:
                 limit = max_steps or suite.max_steps(episode.task)
@@ -200,4 +218,5 @@ def run_shard(suite: Suite, episodes: Sequence[Episode], policy: Policy, out_jso
     return summary
 
 
-__all__ = ["RECORD_FIELDS", "EpisodeVideo", "ShardSummary", "run_episode", "run_shard", "video_name"]
+__all__ = ["RECORD_FIELDS", "EpisodeVideo", "ShardSummary", "check_shard_args", "episode_video", "run_episode",
+           "run_shard", "shard_order", "video_name"]

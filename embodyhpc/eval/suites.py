@@ -152,6 +152,12 @@ def _resolve(name: str) -> SuiteFactory:
 _SHARED_OPTIONS = {"self", "tasks", "cameras", "image_size"}
 
 
+def suite_factory(name: str) -> SuiteFactory:
+    """What `make_suite(name, ...)` calls (imported on first use): a class or function that a worker process can
+    be handed by name (embodyhpc.eval.vector)."""
+    return _resolve(name)
+
+
 def suite_option_names(name: str) -> list[str]:
     """The suite-specific keyword options `make_suite(name, ...)` takes (eval.suite_options), from its signature.
 
@@ -234,4 +240,4 @@ def check_action(action: Any, action_dim: int) -> np.ndarray:
 
 
 __all__ = ["ENTRY_POINT_GROUP", "EvalEnv", "Suite", "available_suites", "check_action", "episode_seed",
-           "make_suite", "register_suite", "suite_option_names", "suite_task_names"]
+           "make_suite", "register_suite", "suite_factory", "suite_option_names", "suite_task_names"]

@@ -8,7 +8,10 @@ The export folder (embodyhpc.checkpoint.export) holds model.safetensors, config.
 when the recipe normalised the state, normalization.json; the training job adds policy_io.json (the dataset's
 cameras, image size, real action dims). Loading is the same for every model: the weights are checked against
 export.json and against the model the recipe builds, then `model_spec(config.model.name).inference` acts with
-them (pi0.5: embodyhpc/models/pi05/inference.py).
+them (pi0.5: embodyhpc/models/pi05/inference.py, which also serves a batched shard: `act_batch`).
+
+Placement (`inference_placement`): a shard with a GPU (eval.gpus_per_task) runs the policy there in bf16, a CPU
+shard in fp32; the runner feeds the model on the device its parameters are on.
 """
 
 from __future__ import annotations
@@ -21,9 +24,25 @@ POLICY_IO_FILE = "policy_io.json"
 """Written by the training job into the export: the dataset's real action dims, cameras and state key."""
 
 
+def inference_placement(gpus_per_task: int) -> tuple[str, Any]:
+    """(device, dtype) of the policy on a shard with `gpus_per_task` GPUs: ("cuda", bfloat16) with GPUs (the shard's
+    first), ("cpu", float32) without. Asking for GPUs where CUDA sees none is a runtime failure, not a silent CPU
+    run."""
+    import torch
+
+    if gpus_per_task <= 0:
+        return "cpu", torch.float32
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"the evaluation asks for {gpus_per_task} GPU(s) per shard (eval.gpus_per_task) but CUDA "
+                           "sees none on this node; set eval.gpus_per_task=0 to evaluate on CPUs")
+    return "cuda", torch.bfloat16
+
+
 def load_trained_policy(export_dir: str | os.PathLike, *, execute_steps: int, denoise_steps: int = 10,
-                        threads: int | None = None) -> Any:
-    """The model's evaluation policy over exported weights, in fp32 on the CPU; `.step` is the weights' step."""
+                        threads: int | None = None, gpus: int = 0) -> Any:
+    """The model's evaluation policy over exported weights, on the shard's GPU in bf16 when `gpus`
+    (eval.gpus_per_task) > 0, else on the CPU in fp32 whatever the training precision was; `.step` is the weights'
+    step."""
     import torch
 
     from embodyhpc.checkpoint.export import CONFIG_FILE, check_fits, load_exported
@@ -40,7 +59,8 @@ def load_trained_policy(export_dir: str | os.PathLike, *, execute_steps: int, de
                where=str(export_dir), built_with=str(export_dir / CONFIG_FILE))
     model = build_model(config.model, config.precision)
     model.load_state_dict(weights, strict=True)
-    model.float()  # evaluation runs in fp32 on the CPU whatever the training precision was
+    device, dtype = inference_placement(gpus)
+    model.to(device=device, dtype=dtype)
     normalizer = StateNormalizer.load(export_dir) or StateNormalizer(config.model.state_key, "none")
     dims = read_policy_io(export_dir).get("action_dim") or config.model.action_dim
     runner = model_spec(config.model.name).load("inference")

@@ -5,8 +5,10 @@ Each shard runs its episodes with every policy of the evaluation, the same episo
   names, else the run's own export/), loaded once per shard;
 - the reference rows eval.reference_policies: the suite's scripted expert (where it has one) and random.
 One JSONL file per (policy, shard) under eval/shards/<policy>/, written atomically (see embodyhpc.eval.rollout),
-rollout videos under eval/videos/. A recipe that trains no policy (data.format: synthetic) is evaluated with
-the reference rows only.
+rollout videos under eval/videos/. eval.envs_per_shard > 1 runs that many episodes at once, each env in its own
+worker process, the trained policy acting on all of them in one batch (embodyhpc.eval.vector);
+eval.gpus_per_task > 0 puts the trained policy on the shard's GPU in bf16. A recipe that trains no policy
+(data.format: synthetic) is evaluated with the reference rows only.
 
 A failed shard is retried once: under Slurm it asks for its own array element to be requeued (the report then
 waits for it, as the report depends on the whole array); a second failure stays failed and the report names the
@@ -81,9 +83,9 @@ def eval_shard_task(run_dir: str, shard: int) -> dict:
 
 
 def _run(run: Path, shard: int) -> dict[str, Any]:
-    from embodyhpc.eval.references import make_reference_policies
+    from embodyhpc.eval.references import make_reference_policies, make_reference_policy
     from embodyhpc.eval.rollout import run_shard
-    from embodyhpc.eval.suites import make_suite
+    from embodyhpc.eval.vector import PerEnvPolicies, SuiteSpec, run_shard_vector
 
     config = load_resolved(run)
     ev = config.eval
@@ -98,27 +100,40 @@ def _run(run: Path, shard: int) -> dict[str, Any]:
 
         io = read_policy_io(weights)
         cameras, image_size = io.get("cameras", []), io.get("image_size") or image_size  # None: state only
+        workers = ev.envs_per_shard if ev.envs_per_shard > 1 else 0  # env workers take a core each
         policies[TRAINED] = load_trained_policy(weights, execute_steps=ev.execute_steps,
-                                                denoise_steps=ev.denoise_steps, threads=ev.cpus_per_task)
+                                                denoise_steps=ev.denoise_steps,
+                                                threads=max(1, ev.cpus_per_task - workers), gpus=ev.gpus_per_task)
         step = policies[TRAINED].step
     # the trained policy sees the cameras it was trained on; reference rows read state only (no rendering but
     # their videos), which makes them ~10x cheaper
-    suite = make_suite(ev.suite, list(ev.tasks), cameras=cameras, image_size=image_size, **ev.suite_options)
-    state_suite = make_suite(ev.suite, list(ev.tasks), image_size=image_size, **ev.suite_options)
+    suites = {TRAINED: (cameras, image_size), "reference": ((), image_size)}
+    specs = {row: SuiteSpec.of(ev.suite, list(ev.tasks), cameras=c, image_size=size, **ev.suite_options)
+             for row, (c, size) in suites.items()}
+    state_suite = specs["reference"].make()
+    suite = specs[TRAINED].make() if ev.envs_per_shard == 1 and TRAINED in policies else None
     try:
         policies.update(make_reference_policies(ev.reference_policies, state_suite))
         summaries = {}
         for name, policy in policies.items():
-            summary = run_shard(suite if name == TRAINED else state_suite, episodes, policy,
-                                shard_file(run, name, shard), policy_name=name,
-                                video_dir=run / VIDEOS_DIR, videos_per_task=ev.videos_per_task,
-                                max_steps=ev.max_steps or None,
-                                extra={"shard": shard, "checkpoint_step": step, "host": socket.gethostname()})
+            row = TRAINED if name == TRAINED else "reference"
+            common = dict(policy_name=name, video_dir=run / VIDEOS_DIR, videos_per_task=ev.videos_per_task,
+                          max_steps=ev.max_steps or None,
+                          extra={"shard": shard, "checkpoint_step": step, "host": socket.gethostname()})
+            if ev.envs_per_shard > 1:
+                batch = policy if name == TRAINED else PerEnvPolicies(
+                    lambda name=name: make_reference_policy(name, state_suite), ev.envs_per_shard)
+                summary = run_shard_vector(specs[row], episodes, batch, shard_file(run, name, shard),
+                                           num_envs=ev.envs_per_shard, **common)
+            else:
+                summary = run_shard(suite if name == TRAINED else state_suite, episodes, policy,
+                                    shard_file(run, name, shard), **common)
             summaries[name] = summary.to_dict()
             print(f"shard {shard}: {name}: {summary.successes}/{summary.episodes} successes "
-                  f"({summary.episodes_per_s:.2f} episodes/s)", flush=True)
+                  f"({summary.episodes_per_s:.2f} episodes/s, {summary.num_envs} env(s) at once)", flush=True)
     finally:
-        suite.close()
+        if suite is not None:
+            suite.close()
         state_suite.close()
     return {"shard": shard, "episodes": len(episodes), "policies": summaries}
 

@@ -173,7 +173,9 @@ def _sbatch_context(loaded: LoadedRecipe, shape: JobShape, run_dir: Path) -> dic
     if shape.kind in ("train", "smoke"):  # the smoke job checks a training node: the same request
         res = cfg.resources
         cpus, mem, gpus = res.cpus_per_task, res.mem, res.gpus_per_node
-    elif shape.kind in ("eval", "export"):
+    elif shape.kind == "eval":  # one task per shard: a node-level request is the task's
+        cpus, mem, gpus = cfg.eval.cpus_per_task, cfg.eval.mem, cfg.eval.gpus_per_task
+    elif shape.kind == "export":
         cpus, mem, gpus = cfg.eval.cpus_per_task, cfg.eval.mem, 0
     else:
         cpus, mem, gpus = 1, "2G", 0

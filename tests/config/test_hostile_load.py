@@ -170,7 +170,8 @@ def test_limits_leave_real_recipes_alone(cli):
     from embodyhpc.config.load import shipped_recipes
 
     for name in shipped_recipes():
-        result = cli("recipes", "show", name, "data.root=/tmp", "model.tokenizer_path=/tmp")
+        result = cli("recipes", "show", name, "data.root=/tmp", "model.tokenizer_path=/tmp",
+                     "model.init_weights=/tmp")
         assert result.code == 0, (name, result.err)
 
 

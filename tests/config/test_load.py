@@ -12,15 +12,18 @@ NEEDS = ["data.root=/data/set", "site.account=robotics", TOK]
 
 
 def test_shipped_inventory():
-    assert shipped_recipes() == ["demo_metaworld_cpu", "libero_cpu", "pi05_bf16", "pi05_fp8", "smoke_cpu"]
+    assert shipped_recipes() == ["demo_metaworld_cpu", "libero_cpu", "pi05_bf16", "pi05_fp8", "pi05_libero",
+                                 "smoke_cpu"]
     assert shipped_sites() == ["example_ib", "example_roce", "example_tcp", "local"]
 
 
 @pytest.mark.parametrize("site", ["local", "example_ib", "example_roce", "example_tcp"])
-@pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "smoke_cpu", "pi05_bf16", "pi05_fp8", "libero_cpu"])
+@pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "smoke_cpu", "pi05_bf16", "pi05_fp8", "libero_cpu",
+                                    "pi05_libero"])
 def test_every_shipped_recipe_loads_on_every_site(recipe, site):
     cpu_recipe = recipe in ("smoke_cpu", "demo_metaworld_cpu")
-    overrides = NEEDS if not cpu_recipe else ["site.account=robotics"] * (site != "local")
+    overrides = list(NEEDS) if not cpu_recipe else ["site.account=robotics"] * (site != "local")
+    overrides += ["model.init_weights=/models/pi05_base"] * (recipe == "pi05_libero")
     loaded = load_recipe(recipe, overrides, site=site)
     assert loaded.resolved.world_size == loaded.config.resources.nodes * loaded.resolved.procs_per_node
 
@@ -35,6 +38,25 @@ def test_fp8_recipe_inherits_from_bf16_and_overrides_precision():
     assert fp8.config.model.size == "full"
     assert fp8.provenance["precision.mode"].endswith("pi05_fp8.yaml")
     assert fp8.provenance["model.size"].endswith("pi05_bf16.yaml")
+
+
+def test_libero_recipe_fine_tunes_from_weights_the_user_names_and_evaluates_on_gpu_shards():
+    with pytest.raises(ConfigError) as err:
+        load_recipe("pi05_libero", NEEDS, site="example_ib")
+    assert err.value.key == "model.init_weights" and "???" in str(err.value)
+    loaded = load_recipe("pi05_libero", [*NEEDS, "model.init_weights=/models/pi05_base"], site="example_ib")
+    config = loaded.config
+    assert config.model.init_weights == "/models/pi05_base" and config.precision.mode == "bf16"
+    assert (config.resources.nodes, config.resources.gpus_per_node) == (4, 8)
+    assert (config.eval.suite, list(config.eval.tasks), config.eval.episodes_per_task) == ("libero", ["libero"], 50)
+    assert (config.eval.gpus_per_task, config.eval.envs_per_shard) == (1, 8)
+
+
+def test_envs_per_shard_need_a_core_each(cli):
+    result = cli("validate", "smoke_cpu", "eval.envs_per_shard=3", "eval.cpus_per_task=2")
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1
+    assert "eval.envs_per_shard" in result.err and "eval.cpus_per_task=4" in result.err
+    assert cli("validate", "smoke_cpu", "eval.envs_per_shard=3", "eval.cpus_per_task=3").code == 0
 
 
 def test_precedence_defaults_recipe_site_overrides():

@@ -23,6 +23,7 @@ UPDATE = "EMBODYHPC_UPDATE_GOLDEN"
 def _overrides(recipe: str, site: str) -> list[str]:
     tokenizer = "model.tokenizer_path=/models/paligemma/tokenizer.model"
     out = [] if recipe in ("smoke_cpu", "demo_metaworld_cpu") else ["data.root=/data/lerobot/pick_place", tokenizer]
+    out += ["model.init_weights=/models/pi05_base"] if recipe == "pi05_libero" else []
     return out + ([] if site == "local" else ["site.account=robotics"])
 
 
@@ -158,3 +159,15 @@ def test_script_shape():
     text = render_job(roce, "train", RUN_DIR, PYTHON)
     assert "#SBATCH --gres=gpu:8\n" in text and "module load cuda/12.4\n" in text
     assert "export NCCL_IB_GID_INDEX=3\n" in text
+
+
+@pytest.mark.parametrize(("site", "line"), [("example_ib", "#SBATCH --gpus-per-node=2\n"),
+                                            ("example_roce", "#SBATCH --gres=gpu:2\n"), ("local", None)])
+def test_eval_shards_request_gpus_in_the_site_style(site, line):
+    loaded = load_recipe("pi05_fp8", [*_overrides("pi05_fp8", site), "eval.gpus_per_task=2"], site=site)
+    eval_, export = (render_job(loaded, kind, RUN_DIR, PYTHON) for kind in ("eval", "export"))
+    if line is None:  # a site without GPU requests asks for none
+        assert "gpu" not in eval_.lower().replace("gpu_request", "")
+    else:
+        assert line in eval_ and "#SBATCH --ntasks-per-node=1\n" in eval_
+    assert "--gpus" not in export and "--gres" not in export  # the export job reads weights on a CPU

@@ -105,8 +105,8 @@ def test_every_shipped_template_renders_in_the_sandbox(tmp_path):
     assert isinstance(template_env(None), ImmutableSandboxedEnvironment)
     for recipe in shipped_recipes():
         for site in shipped_sites():
-            loaded = load_recipe(recipe, ["site.account=me", "data.root=/data/x", "model.tokenizer_path=/t.model"],
-                                 site=site)
+            loaded = load_recipe(recipe, ["site.account=me", "data.root=/data/x", "model.tokenizer_path=/t.model",
+                                          "model.init_weights=/w"], site=site)
             for kind in JOB_KINDS:
                 text = render_job(loaded, kind, tmp_path / "run", "/usr/bin/python3")
                 assert text.startswith("#!/bin/bash\n#SBATCH"), (recipe, site, kind)
