@@ -24,7 +24,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import shutil
 import tempfile
 import uuid
@@ -32,16 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embodyhpc.rundir import write_json_atomic
+from embodyhpc.rundir import parse_step, step_name, write_json_atomic
 
-STEP_PREFIX = "step-"
 MARKER = ".complete"
 LATEST = "latest"
 TRAINER_JSON = "trainer.json"
 RNG_DIR = "rng"
 PINS_DIR = "pins"
 _RETIRING_PREFIX = ".retiring-"  # folders renamed away before deletion: invisible to readers at once
-_STEP_RE = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -56,22 +53,12 @@ class Listing:
         return self.complete[-1] if self.complete else None
 
 
-def step_name(step: int) -> str:
-    return f"{STEP_PREFIX}{step}"
-
-
 def step_dir(root: Path, step: int) -> Path:
     return root / step_name(step)
 
 
 def rng_file(folder: Path, rank: int) -> Path:
     return folder / RNG_DIR / f"rank-{rank:05d}.pt"
-
-
-def parse_step(name: str) -> int | None:
-    """The step of a `step-N` folder name; None for anything else."""
-    match = _STEP_RE.match(name)
-    return int(match.group(1)) if match else None
 
 
 def is_complete(folder: Path) -> bool:
