@@ -116,7 +116,8 @@ def run_local_plan(loaded: LoadedRecipe, run_dir: Path, info: RunInfo, plan: lis
             elif job.array_size:
                 states[job.kind] = _run_array(job, run_dir, executor(job.kind, 1), record, progress)
             else:
-                tasks = loaded.resolved.world_size if job.kind == "train" else 1
+                shape = job_shape(loaded, job.kind)
+                tasks = shape.nodes * shape.tasks_per_node  # every process of the job, here
                 if job.kind == "train":
                     progress(f"{job.kind}: {tasks} local processes")
                 background = _CheckpointEvals(run_dir, progress) if job.starts_evals else None
