@@ -25,6 +25,7 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ SUBDIRS = (SCRIPTS_DIR, SUBMITIT_DIR, CHECKPOINTS_DIR, EVAL_DIR, LOGS_DIR)
 
 METRICS_FILE = f"{LOGS_DIR}/metrics.jsonl"
 RESULT_FILE = f"{LOGS_DIR}/train_result.json"
+ATTEMPTS_FILE = f"{LOGS_DIR}/train_attempts.jsonl"
+SPINE_STATE_FILE = f"{CHECKPOINTS_DIR}/spine-state.pt"  # the training job's own state across requeues
 POLICY_IO_FILE = "policy_io.json"  # in checkpoints/ and in every export: what the policy reads and writes
 SHARDS_DIR = f"{EVAL_DIR}/shards"
 VIDEOS_DIR = f"{EVAL_DIR}/videos"
@@ -303,13 +306,37 @@ def read_report(run_dir: Path) -> dict | None:
     return report
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Readers (status, the report job) never see a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+def replace_atomically(path: Path, write: Callable[[Path], object], *, durable: bool = False) -> None:
+    """Write `path` whole or not at all: `write` fills a private (0600) temp file beside it, which then replaces
+    `path` (os.replace is atomic on POSIX filesystems), so readers see the old file or the new one, never a torn
+    one. durable: the file and its folder are fsynced too (it survives a crash of the node, not just the process)."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        if durable:
+            _fsync(tmp, os.O_RDONLY)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        _fsync(path.parent, os.O_RDONLY)
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any, *, durable: bool = False) -> None:
+    """Every JSON file of a run is written this way: readers (status, the report job) never see a half-written
+    file."""
+    replace_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"), durable=durable)
 
 
 def new_run_dir(runs_root: str, experiment: str, name: str) -> Path:

@@ -173,3 +173,56 @@ def test_job_code_starts_chains_through_the_orchestration_api() -> None:
     assert "embodyhpc.orchestrate.api" in graph["embodyhpc.launch.checkpoint_eval"]
     assert not any("embodyhpc.submit" in targets for module, targets in graph.items()
                    if module.startswith("embodyhpc.") and module != "embodyhpc.submit")
+
+
+# the names in a run directory: every module other than embodyhpc/rundir.py asks it for them
+NAME_OWNERS = {
+    "embodyhpc/rundir.py": {"run.json", "resolved.yaml", "policy_io.json", "metrics.jsonl", "train_result.json",
+                            "train_attempts.jsonl", "spine-state.pt", "report.json", "report.md", "report.txt",
+                            "history.jsonl", "smoke.json", "smoke-request.json", "checkpoints", "exports", "evals",
+                            "submitit", "scripts"},
+}
+NOT_YET_MOVED = {
+    # eval/trained.py is being reshaped into the model plug-ins (issue 15 item 3, wt/models); its POLICY_IO_FILE
+    # becomes rundir.POLICY_IO_FILE there
+    ("embodyhpc/eval/trained.py", "policy_io.json"),
+}
+
+
+def _code_strings(tree: ast.AST) -> list[ast.Constant]:
+    """String constants that can name a file: not documentation (a string statement), not a dict key (a JSON
+    field), not prose (a message with spaces may mention a path to the user)."""
+    skip = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    skip |= {id(key) for node in ast.walk(tree) if isinstance(node, ast.Dict) for key in node.keys if key}
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in skip and " " not in node.value]
+
+
+def spelled_names(modules: dict[str, Path]) -> list[str]:
+    """`file:line spells NAME` for each run-directory or export-folder name outside the module that owns it."""
+    found = []
+    for path in modules.values():
+        rel = path.relative_to(ROOT).as_posix()
+        for node in _code_strings(ast.parse(path.read_text(), str(path))):
+            for segment in node.value.split("/"):
+                for owner, names in NAME_OWNERS.items():
+                    if segment in names and rel != owner and (rel, segment) not in NOT_YET_MOVED:
+                        found.append(f"{rel}:{node.lineno} spells {segment!r} (ask {owner})")
+    return found
+
+
+def test_only_rundir_spells_a_run_directory_name() -> None:
+    assert spelled_names(_sources(*PACKAGES)) == []
+
+
+def test_the_name_check_finds_a_spelled_path(tmp_path, monkeypatch) -> None:
+    (tmp_path / "embodyhpc").mkdir()
+    (tmp_path / "embodyhpc" / "rundir.py").write_text('RUN_JSON = "run.json"\n')
+    (tmp_path / "embodyhpc" / "job.py").write_text(
+        '"""Reads run.json (a docstring may say so)."""\n'
+        'def f(run, step):\n    return run / "logs/metrics.jsonl", run / f"checkpoints/step-{step}"\n'
+        'MESSAGE, JSON = "pass RUN/checkpoints/step-N", {"evals": 1}\n')
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert spelled_names(_sources("embodyhpc")) == [
+        "embodyhpc/job.py:3 spells 'metrics.jsonl' (ask embodyhpc/rundir.py)",
+        "embodyhpc/job.py:3 spells 'checkpoints' (ask embodyhpc/rundir.py)"]

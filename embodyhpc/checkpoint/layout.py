@@ -25,13 +25,12 @@ import errno
 import json
 import os
 import shutil
-import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embodyhpc.rundir import parse_step, step_name, write_json_atomic
+from embodyhpc.rundir import parse_step, replace_atomically, step_name, write_json_atomic
 
 MARKER = ".complete"
 LATEST = "latest"
@@ -88,10 +87,7 @@ def read_marker(folder: Path) -> dict[str, Any]:
 
 def write_latest(root: Path, step: int) -> None:
     """Point `latest` at step-N by replacing the file whole (os.replace is atomic on POSIX filesystems)."""
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{LATEST}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(step_name(step) + "\n")
-    os.replace(tmp, root / LATEST)
+    replace_atomically(root / LATEST, lambda tmp: tmp.write_text(step_name(step) + "\n"))
 
 
 def read_latest(root: Path) -> Path | None:
