@@ -134,7 +134,7 @@ def submit(
     say = (lambda msg: typer.echo(msg, err=True)) if as_json else typer.echo
     info = submitting.submit(loaded, _python(loaded, local), local=local, progress=say)
     if info.backend == "local":  # the chain has run: show where it got
-        from cli.status import local_summary
+        from .status import local_summary
 
         say(local_summary(Path(info.run_dir)))
     _print_run(info, as_json)
@@ -238,7 +238,7 @@ def smoke(
 @app.command()
 def status(run_dir: RunDir, as_json: AsJson = False) -> None:
     """State of each job of a run's chain (Slurm state, reason, array progress)."""
-    from cli.status import status_report
+    from .status import status_report
 
     typer.echo(status_report(run_dir, as_json=as_json), nl=False)
 
@@ -250,7 +250,7 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
 ) -> None:
     """Print the jobs' stdout/stderr (per task)."""
-    from cli.status import print_logs
+    from .status import print_logs
 
     _check_kind(job)
     for line in print_logs(run_dir, job, follow=follow):
@@ -391,7 +391,7 @@ def doctor(
     probe_mb: Annotated[int, typer.Option(help="NVMe write probe size in MiB (0 skips it).")] = 64,
 ) -> None:
     """Preflight this node: GPUs (NVML), InfiniBand/RoCE ports, filesystems, NVMe, NCCL environment."""
-    from cli.doctor import doctor_report
+    from .doctor import doctor_report
 
     text, code = doctor_report(_load(recipe, overrides, site) if recipe else None, as_json=as_json,
                                suggest=suggest, probe_bytes=probe_mb << 20)

@@ -34,8 +34,7 @@ from typing import Any
 from embodyhpc.config.load import load_resolved
 from embodyhpc.config.schema import CheckpointConfig, Config, DataConfig, StagingConfig, TrainConfig
 from embodyhpc.launch import distributed, observe
-from embodyhpc.rundir import ATTEMPTS_FILE, CHECKPOINTS_DIR, RESULT_FILE, write_json_atomic
-from embodyhpc.rundir import SPINE_STATE_FILE as STATE_FILE
+from embodyhpc.rundir import ATTEMPTS_FILE, CHECKPOINTS_DIR, RESULT_FILE, SPINE_STATE_FILE, write_json_atomic
 from embodyhpc.train.preempt import Requeued, Stopped, StopSignal
 
 _DIM = 16
@@ -246,7 +245,7 @@ def _spine_loop(dist_env: distributed.DistEnv, train: TrainConfig, ckpt: Checkpo
     true_w = torch.randn(_DIM, generator=torch.Generator().manual_seed(train.seed))
     weights = torch.zeros(_DIM)
     start_step = 0
-    state_path = run_dir / STATE_FILE
+    state_path = run_dir / SPINE_STATE_FILE
     if state_path.exists():  # resume after requeue: rank 0 reads, everyone receives the same
         state = torch.load(state_path) if rank == 0 else {"step": 0, "weights": weights}
         weights, start_step = state["weights"], int(state["step"])
