@@ -98,7 +98,8 @@ def render(
                                                     "(default: the one submit would create now).")] = None,
 ) -> None:
     """Print the sbatch scripts exactly as `submit` would hand them to Slurm."""
-    from embodyhpc.slurm.render import chain_kinds, render_job
+    from embodyhpc.orchestrate.plan import chain_kinds
+    from embodyhpc.slurm.render import render_job
     from embodyhpc.submit import default_run_dir, preflight
 
     _check_kind(job)
@@ -133,7 +134,9 @@ def submit(
     say = (lambda msg: typer.echo(msg, err=True)) if as_json else typer.echo
     info = submitting.submit(loaded, _python(loaded, local), local=local, progress=say)
     if info.backend == "local":  # the chain has run: show where it got
-        say(submitting.local_summary(Path(info.run_dir)))
+        from .status import local_summary
+
+        say(local_summary(Path(info.run_dir)))
     _print_run(info, as_json)
 
 
@@ -235,7 +238,7 @@ def smoke(
 @app.command()
 def status(run_dir: RunDir, as_json: AsJson = False) -> None:
     """State of each job of a run's chain (Slurm state, reason, array progress)."""
-    from embodyhpc.submit import status_report
+    from .status import status_report
 
     typer.echo(status_report(run_dir, as_json=as_json), nl=False)
 
@@ -247,7 +250,7 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
 ) -> None:
     """Print the jobs' stdout/stderr (per task)."""
-    from embodyhpc.submit import print_logs
+    from .status import print_logs
 
     _check_kind(job)
     for line in print_logs(run_dir, job, follow=follow):
@@ -257,7 +260,7 @@ def logs(
 @app.command()
 def cancel(run_dir: RunDir) -> None:
     """Cancel every job of the run's chain."""
-    from embodyhpc.submit import cancel_run
+    from embodyhpc.orchestrate.api import cancel_run
 
     typer.echo(cancel_run(run_dir))
 
@@ -411,7 +414,7 @@ def doctor(
     probe_mb: Annotated[int, typer.Option(help="NVMe write probe size in MiB (0 skips it).")] = 64,
 ) -> None:
     """Preflight this node: GPUs (NVML), InfiniBand/RoCE ports, filesystems, NVMe, NCCL environment."""
-    from embodyhpc.submit import doctor_report
+    from .doctor import doctor_report
 
     text, code = doctor_report(_load(recipe, overrides, site) if recipe else None, as_json=as_json,
                                suggest=suggest, probe_bytes=probe_mb << 20)

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embodyhpc.checkpoint import layout
-from embodyhpc.checkpoint.integrity import DCP_METADATA, verify_export
+from embodyhpc.checkpoint.integrity import CONFIG_FILE, DCP_METADATA, EXPORT_JSON, WEIGHTS_FILE, verify_export
 from embodyhpc.config.schema import EvalConfig
 from embodyhpc.errors import UserError
-from embodyhpc.rundir import RESOLVED_YAML, RUN_JSON, RunInfo
+from embodyhpc.rundir import CHECKPOINTS_DIR, EXPORT_DIR, EXPORTS_DIR, RESOLVED_YAML, RUN_JSON, RunInfo
 
-EXPORT_FILES = ("export.json", "config.yaml", "model.safetensors")
-CHECKPOINTS_DIR, EXPORTS_DIR = "checkpoints", "exports"  # embodyhpc.train.loop's CHECKPOINT_DIR (that imports torch)
+EXPORT_FILES = (EXPORT_JSON, CONFIG_FILE, WEIGHTS_FILE)
 
 
 @dataclass(frozen=True)
@@ -45,11 +44,11 @@ def resolve_source(path: Path) -> EvalSource:
         raise UserError("does not exist", key="--ckpt", where=str(path),
                         fix="pass an export folder, a checkpoints/step-N folder or a run directory")
     if (path / RUN_JSON).is_file():  # a run directory: its export
-        return resolve_source(path / "export")
+        return resolve_source(path / EXPORT_DIR)
     if all((path / name).is_file() for name in EXPORT_FILES):
         verify_export(path)  # size, header and sha256 against export.json: one line (exit 2) when they differ
         run = path.parent if (path.parent / RUN_JSON).is_file() else None
-        return EvalSource(path / "config.yaml", path, None, run, _mlflow_run(run))
+        return EvalSource(path / CONFIG_FILE, path, None, run, _mlflow_run(run))
     if layout.is_complete(path):
         run = path.parent.parent
         if path.parent.name != CHECKPOINTS_DIR or not (run / RESOLVED_YAML).is_file():

@@ -5,9 +5,17 @@
         run.json            backend, job ids and (local backend) job states
         scripts/            the sbatch text handed to Slurm, one file per job
         submitit/           submitit's pickles and per-task logs
-        checkpoints/  eval/  logs/
+        checkpoints/        step-N folders (embodyhpc.checkpoint.layout owns what is inside one), policy_io.json
+        exports/step-N/     checkpoints exported for evaluation (by the export job of an evaluation of step-N)
+        export/             the final export of training (an evaluation run: the export job's fallback folder)
+        logs/               metrics.jsonl, train_result.json
+        eval/               shards/<policy>/shard-NNNN.jsonl, videos/, report.json|md|txt, history.jsonl, plots/
         evals/step-N/       evaluations of checkpoints while training ran (eval.every_k_checkpoints): run
                             directories of their own (export -> eval -> report), with `parent_run` set
+        smoke-request.json, smoke.json      `embodyhpc smoke --submit`: what was asked, what the job measured
+
+This module is the only one that spells a name in that tree; everything else asks for it here. Every JSON file of
+a run is written through `write_json_atomic`.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,9 +34,86 @@ from embodyhpc.errors import RunDirError
 from embodyhpc.slurm.commands import JOB_ID  # local backend: process ids, digits too
 
 RUN_JSON = "run.json"
+RUN_JSON_VERSION = 2
+"""The layout of run.json. 1: files written before it carried `schema_version`. Readers ignore keys they do not
+know, so a newer writer may add fields without a new version; a new version means a field changed meaning."""
 RESOLVED_YAML = "resolved.yaml"
-SUBDIRS = ("scripts", "submitit", "checkpoints", "eval", "logs")
+SCRIPTS_DIR = "scripts"
+SUBMITIT_DIR = "submitit"
+CHECKPOINTS_DIR = "checkpoints"
+EXPORTS_DIR = "exports"  # <run>/exports/step-N: a checkpoint exported for evaluation, beside checkpoints/
+EXPORT_DIR = "export"
+EVAL_DIR = "eval"
+LOGS_DIR = "logs"
 EVALS_DIR = "evals"  # <run>/evals/step-N: evaluations while training (embodyhpc.launch.checkpoint_eval)
+SUBDIRS = (SCRIPTS_DIR, SUBMITIT_DIR, CHECKPOINTS_DIR, EVAL_DIR, LOGS_DIR)
+
+METRICS_FILE = f"{LOGS_DIR}/metrics.jsonl"
+RESULT_FILE = f"{LOGS_DIR}/train_result.json"
+ATTEMPTS_FILE = f"{LOGS_DIR}/train_attempts.jsonl"
+SPINE_STATE_FILE = f"{CHECKPOINTS_DIR}/spine-state.pt"  # the training job's own state across requeues
+POLICY_IO_FILE = "policy_io.json"  # in checkpoints/ and in every export: what the policy reads and writes
+SHARDS_DIR = f"{EVAL_DIR}/shards"
+VIDEOS_DIR = f"{EVAL_DIR}/videos"
+REPORT_FILE = f"{EVAL_DIR}/report.json"
+SUMMARY_FILE = f"{EVAL_DIR}/report.md"
+TABLE_FILE = f"{EVAL_DIR}/report.txt"
+HISTORY_FILE = f"{EVAL_DIR}/history.jsonl"
+PLOTS_DIR = f"{EVAL_DIR}/plots"
+SMOKE_FILE = "smoke.json"
+SMOKE_REQUEST_FILE = "smoke-request.json"
+
+STEP_PREFIX = "step-"
+_STEP_RE = re.compile(rf"^{STEP_PREFIX}(\d+)$")
+
+
+def step_name(step: int) -> str:
+    """The folder name of step N, under checkpoints/, exports/ and evals/."""
+    return f"{STEP_PREFIX}{step}"
+
+
+def parse_step(name: str) -> int | None:
+    """The step of a `step-N` folder name; None for anything else."""
+    match = _STEP_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def script_file(run_dir: Path, kind: str) -> Path:
+    """The sbatch text of one job of the chain (what Slurm got; a local run writes it for reference)."""
+    return Path(run_dir) / SCRIPTS_DIR / f"{kind}.sbatch"
+
+
+def submitit_folder(run_dir: Path) -> Path:
+    return Path(run_dir) / SUBMITIT_DIR
+
+
+def shard_file(run_dir: Path, policy: str, shard: int) -> Path:
+    """One evaluation shard's episode records for one policy."""
+    return Path(run_dir) / SHARDS_DIR / policy / f"shard-{shard:04d}.jsonl"
+
+
+def shard_files(run_dir: Path) -> list[Path]:
+    """Every shard file the evaluation array wrote, sorted."""
+    root = Path(run_dir) / SHARDS_DIR
+    return sorted(root.glob("*/shard-*.jsonl")) if root.is_dir() else []
+
+
+def eval_run_dir(run: Path, step: int) -> Path:
+    """The run directory of the evaluation of step N while training ran."""
+    return Path(run) / EVALS_DIR / step_name(step)
+
+
+def requested_evals(run: Path) -> list[Path]:
+    """The evaluation run directories under <run>/evals/ that are ready (run.json written), by step."""
+    root = Path(run) / EVALS_DIR
+    if not root.is_dir():
+        return []
+    found = [(parse_step(p.name), p) for p in root.iterdir() if (p / RUN_JSON).is_file()]
+    return [path for step, path in sorted((s, p) for s, p in found if s is not None)]
+
+
+def is_run_dir(path: Path) -> bool:
+    return (Path(path) / RUN_JSON).is_file()
 
 
 @dataclass
@@ -59,8 +145,11 @@ class RunInfo:
     parent_run: str | None = None
     """For an evaluation of a checkpoint while training ran: the training run directory (its history and plots
     collect this evaluation's numbers)."""
+    schema_version: int = RUN_JSON_VERSION
+    """The layout this run.json was read in (RUN_JSON_VERSION); saving writes the current one."""
 
     def save(self) -> None:
+        self.schema_version = RUN_JSON_VERSION
         write_json_atomic(Path(self.run_dir) / RUN_JSON, asdict(self))
 
     @classmethod
@@ -82,7 +171,7 @@ class RunInfo:
             raise _damaged(path, f"{len(records)} job records, more than a run of embodyhpc has", key="jobs")
         jobs = {name: JobRecord(**_fields(record, _JOB_FIELDS, path, f"jobs.{name}"))
                 for name, record in records.items()}
-        info = cls(**{**fields, "run_dir": str(folder)}, jobs=jobs)
+        info = cls(**{"schema_version": 1, **fields, "run_dir": str(folder)}, jobs=jobs)
         if info.parent_run is not None and folder.parent.name == EVALS_DIR:
             info.parent_run = str(folder.parent.parent)
         return info
@@ -98,6 +187,7 @@ _RUN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "run_id": ((str,), True), "run_dir": ((str,), False), "backend": ((str,), True), "recipe": ((str,), True),
     "site": ((str, type(None)), True), "overrides": ((list,), True), "python": ((str,), True),
     "created": ((str,), True), "mlflow_run_id": ((str, type(None)), False), "parent_run": ((str, type(None)), False),
+    "schema_version": ((int,), False),
 }
 _JOB_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "kind": ((str,), True), "job_id": ((str, type(None)), False), "array_size": ((int,), False),
@@ -195,13 +285,58 @@ def _check_value(key: str, value: Any, path: Path, name: str) -> None:
             raise _damaged(path, "not a Slurm job id (digits, or digits_digits for an array element)", key=name)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Readers (status, the report job) never see a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+def read_report(run_dir: Path) -> dict | None:
+    """report.json, or None before the report job ran; a damaged one reads as outcome "unreadable"."""
+    path = Path(run_dir) / REPORT_FILE
+    if not (path.exists() or path.is_symlink()):
+        return None
+    try:
+        if not path.is_file():
+            raise ValueError("not a regular file")
+        if path.stat().st_size > 16 << 20:
+            raise ValueError("larger than 16 MiB")
+        report = json.loads(path.read_bytes().decode("utf-8"))
+        if not (isinstance(report, dict) and isinstance(report.get("outcome"), str)
+                and isinstance(report.get("why"), str) and isinstance(report.get("headline") or {}, dict)):
+            raise ValueError("not a report written by the report job")
+    except (OSError, ValueError, RecursionError) as exc:
+        problem = exc.strerror if isinstance(exc, OSError) else "not valid JSON" if isinstance(
+            exc, (json.JSONDecodeError, UnicodeDecodeError, RecursionError)) else str(exc)
+        return {"outcome": "unreadable", "why": f"{path}: {problem}"}
+    return report
+
+
+def replace_atomically(path: Path, write: Callable[[Path], object], *, durable: bool = False) -> None:
+    """Write `path` whole or not at all: `write` fills a private (0600) temp file beside it, which then replaces
+    `path` (os.replace is atomic on POSIX filesystems), so readers see the old file or the new one, never a torn
+    one. durable: the file and its folder are fsynced too (it survives a crash of the node, not just the process)."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        if durable:
+            _fsync(tmp, os.O_RDONLY)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        _fsync(path.parent, os.O_RDONLY)
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any, *, durable: bool = False) -> None:
+    """Every JSON file of a run is written this way: readers (status, the report job) never see a half-written
+    file."""
+    replace_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"), durable=durable)
 
 
 def new_run_dir(runs_root: str, experiment: str, name: str) -> Path:

@@ -6,8 +6,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from embodyhpc.rundir import RunInfo
-from embodyhpc.slurm.render import submitit_folder
+from embodyhpc.rundir import RunInfo, submitit_folder
 
 
 def log_files(info: RunInfo, kind: str | None = None) -> list[tuple[str, Path]]:

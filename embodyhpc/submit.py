@@ -7,17 +7,25 @@ The backend is Slurm when a controller answers, else the local machine (with a m
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.config.schema import JobConfig
-from embodyhpc.evaluate import evaluated_checkpoint
-from embodyhpc.rundir import RESOLVED_YAML, RunInfo, new_run_dir, write_private
-from embodyhpc.slurm.render import chain_kinds, render_job
+from embodyhpc.orchestrate.api import run_chain, start_run
+from embodyhpc.orchestrate.plan import chain_kinds, chain_plan
+from embodyhpc.rundir import (
+    SMOKE_REQUEST_FILE,
+    RunInfo,
+    new_run_dir,
+    read_report,
+    requested_evals,
+    script_file,
+    write_json_atomic,
+)
+from embodyhpc.slurm.render import render_job
 
 Progress = Callable[[str], None]
 
@@ -47,14 +55,16 @@ def dry_run(loaded: LoadedRecipe, python: str, progress: Progress = print) -> st
     check_environment(loaded, dict(os.environ), progress)
     for warning in preflight(loaded, python, submitting=True):
         progress(f"warning: {warning}")
+    from embodyhpc.orchestrate.backend_slurm import dependency_args
+
     run_dir = default_run_dir(loaded.config.job)
-    kinds = chain_kinds(loaded)
-    deps = {"train": "", "eval": "--dependency=afterok:<train> --kill-on-invalid-dep=yes ",
-            "report": f"--dependency=afterany:<train>{':<eval>' if 'eval' in kinds else ''} "}
+    plan = chain_plan(loaded)
+    placeholders = {job.kind: f"<{job.kind}>" for job in plan}  # the job ids sbatch would answer
     out = [f"# dry run: nothing submitted; run directory would be {run_dir}"]
-    for kind in kinds:
-        out.append(f"# sbatch {deps[kind]}{shlex.quote(str(run_dir / 'scripts' / f'{kind}.sbatch'))}")
-        out.append(render_job(loaded, kind, run_dir, python))
+    for job in plan:
+        deps = "".join(f"{arg} " for arg in dependency_args(job, placeholders))
+        out.append(f"# sbatch {deps}{shlex.quote(str(script_file(run_dir, job.kind)))}")
+        out.append(render_job(loaded, job.kind, run_dir, python))
     return "\n".join(out)
 
 
@@ -130,10 +140,8 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
 def submit_smoke(loaded: LoadedRecipe, python: str, *, steps: int, size: str, progress: Progress = print) -> RunInfo:
     """`embodyhpc smoke --submit`: a run directory holding the recipe and one smoke job on one node."""
     from embodyhpc.errors import UserError
-    from embodyhpc.launch.smoke import REQUEST_FILE
-    from embodyhpc.rundir import write_json_atomic
+    from embodyhpc.orchestrate.api import submit_smoke as submit_job
     from embodyhpc.slurm import commands
-    from embodyhpc.slurm.chain import submit_smoke as submit_job
 
     ok, why = commands.reachable()
     if not ok:
@@ -145,44 +153,10 @@ def submit_smoke(loaded: LoadedRecipe, python: str, *, steps: int, size: str, pr
     job = loaded.config.job
     run_dir = new_run_dir(job.runs_root, job.experiment, f"smoke-{job.name}")
     info = start_run(loaded, run_dir, backend="slurm", python=python, mlflow_run_id=None)
-    write_json_atomic(run_dir / REQUEST_FILE, {"steps": steps, "size": size})
+    write_json_atomic(run_dir / SMOKE_REQUEST_FILE, {"steps": steps, "size": size})
     record = submit_job(loaded, run_dir, info)
     progress(f"submitted smoke: job {record.job_id}; run directory: {run_dir}")
     return info
-
-
-def start_run(loaded: LoadedRecipe, run_dir: Path, *, backend: str, python: str, mlflow_run_id: str | None,
-              parent_run: Path | None = None) -> RunInfo:
-    """Fill a fresh run directory: resolved.yaml, run.json, and a pin on the checkpoint it evaluates (if any), so
-    that the training run's retention keeps that checkpoint until the export job has read it."""
-    write_private(run_dir / RESOLVED_YAML, loaded.to_yaml())
-    info = RunInfo(run_id=run_dir.name, run_dir=str(run_dir), backend=backend, recipe=loaded.recipe,
-                   site=loaded.site, overrides=list(loaded.overrides), python=python,
-                   created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), mlflow_run_id=mlflow_run_id,
-                   parent_run=str(parent_run) if parent_run else None)
-    checkpoint = evaluated_checkpoint(loaded.config.eval)
-    if checkpoint is not None:
-        from embodyhpc.checkpoint import layout
-
-        layout.pin(checkpoint, owner=run_dir)
-    info.save()
-    return info
-
-
-def run_chain(loaded: LoadedRecipe, info: RunInfo, *, progress: Progress = print, eval_only: bool = False) -> RunInfo:
-    """Submit the chain of a started run to Slurm, or run it on this machine (info.backend decides)."""
-    run_dir = Path(info.run_dir)
-    if info.backend == "slurm":
-        from embodyhpc.slurm.chain import submit_chain
-
-        return submit_chain(loaded, run_dir, info, on_submit=lambda r: progress(
-            f"submitted {r.kind}: job {r.job_id}" + (f" ({r.dependency})" if r.dependency else "")),
-            eval_only=eval_only)
-    from embodyhpc.slurm.local import run_local_chain
-
-    for kind in chain_kinds(loaded, eval_only=eval_only):  # the scripts a cluster would get, for reference
-        write_private(run_dir / "scripts" / f"{kind}.sbatch", render_job(loaded, kind, run_dir, info.python))
-    return run_local_chain(loaded, run_dir, info, progress=progress, eval_only=eval_only)
 
 
 def absolute_paths(loaded: LoadedRecipe) -> LoadedRecipe:
@@ -227,140 +201,20 @@ def _params(loaded: LoadedRecipe) -> dict:
     return yaml.safe_load(loaded.to_yaml()) or {}
 
 
-def _progress_text(status) -> str:
-    if status.array_size:
-        counts = status.array_counts
-        parts = [f"{counts.get('COMPLETED', 0)}/{status.array_size} done"]
-        parts += [f"{n} {s.lower()}" for s, n in sorted(counts.items()) if s != "COMPLETED"]
-        text = ", ".join(parts)
-        return f"{text}; {status.reason}" if status.reason and status.state != "COMPLETED" else text
-    # sacct keeps the last pending reason (e.g. Dependency) on finished jobs: show it only when useful
-    return status.reason or "" if status.state != "COMPLETED" else ""
-
-
-def status_report(run_dir: Path, *, as_json: bool = False) -> str:
-    from embodyhpc.errors import RunDirError
-    from embodyhpc.launch.checkpoint_eval import requested_evals
-    from embodyhpc.slurm.status import read_states
-
-    info = RunInfo.load(run_dir)
-    evals, eval_infos, broken = [], [], {}
-    for path in requested_evals(Path(info.run_dir)):
-        try:  # a damaged evaluation folder costs its own line, not the run's status
-            eval_infos.append(RunInfo.load(path))
-            evals.append(path)
-        except RunDirError as exc:
-            broken[path.name] = exc.one_line()
-    (statuses, *eval_statuses), from_disk = read_states([info, *eval_infos])  # one sacct for all
-    report = _read_report(Path(info.run_dir))
-    if from_disk is not None:
-        statuses = _disk_states(statuses, report)
-        eval_statuses = [_disk_states(s, _read_report(p)) for p, s in zip(evals, eval_statuses, strict=True)]
-    note = (f"note: sacct failed ({from_disk}); the states below come from disk (run.json, report.json) and may "
-            "be out of date" if from_disk is not None else None)
-    if as_json:
-        by_eval = {path.name: {"run_dir": str(path), "jobs": [dataclasses.asdict(s) for s in jobs],
-                               "report": _read_report(path)} for path, jobs in zip(evals, eval_statuses, strict=True)}
-        by_eval.update({name: {"error": why} for name, why in broken.items()})
-        return json.dumps({"run_dir": info.run_dir, "backend": info.backend,
-                           "states_from": "slurm" if from_disk is None and info.backend == "slurm" else "disk",
-                           "note": note, "jobs": [dataclasses.asdict(s) for s in statuses], "report": report,
-                           "evals": by_eval}, indent=2) + "\n"
-    lines = [f"run {info.run_dir} ({info.backend}; {info.recipe}" + (f" + {info.site})" if info.site else ")")]
-    lines += [note] if note else []
-    lines.append(f"{'JOB':<7} {'ID':<10} {'STATE':<11} {'EXIT':<5} {'NODES':<10} PROGRESS / REASON")
-    for s in statuses:
-        code = "-" if s.exit_code is None else str(s.exit_code)
-        lines.append(f"{s.kind:<7} {s.job_id or '-':<10} {s.state:<11} {code:<5} {s.nodes or '-':<10} "
-                     f"{_progress_text(s)}".rstrip())
-    lines += _report_lines(report)
-    if evals or broken:
-        lines.append("evaluations while training:")
-    for path, sub_statuses in zip(evals, eval_statuses, strict=True):
-        jobs = ", ".join(f"{s.kind} {s.state}" + (f" ({_progress_text(s)})" if s.array_size else "")
-                         for s in sub_statuses)
-        lines.append(f"  {path.name}: {jobs or 'not submitted'}")
-        lines += ["  " + line for line in _report_lines(_read_report(path))]
-    lines += [f"  {name}: {why}" for name, why in sorted(broken.items())]
-    return "\n".join(lines) + "\n"
-
-
-def _disk_states(statuses: list, report: dict | None) -> list:
-    """Without sacct: what a finished report recorded (train and eval states; the report itself is done)."""
-    recorded = {kind: (report.get(kind) or {}).get("state") for kind in ("train", "eval")} if report else {}
-    out = []
-    for s in statuses:
-        state = "COMPLETED" if s.kind == "report" and report and "outcome" in report else recorded.get(s.kind)
-        out.append(dataclasses.replace(s, state=state) if isinstance(state, str) and s.state == "UNKNOWN" else s)
-    return out
-
-
-def _read_report(run_dir: Path) -> dict | None:
-    """report.json, or None before the report job ran; a damaged one reads as outcome "unreadable"."""
-    from embodyhpc.launch.report import REPORT_FILE
-
-    path = Path(run_dir) / REPORT_FILE
-    if not (path.exists() or path.is_symlink()):
-        return None
-    try:
-        if not path.is_file():
-            raise ValueError("not a regular file")
-        if path.stat().st_size > 16 << 20:
-            raise ValueError("larger than 16 MiB")
-        report = json.loads(path.read_bytes().decode("utf-8"))
-        if not (isinstance(report, dict) and isinstance(report.get("outcome"), str)
-                and isinstance(report.get("why"), str) and isinstance(report.get("headline") or {}, dict)):
-            raise ValueError("not a report written by the report job")
-    except (OSError, ValueError, RecursionError) as exc:
-        problem = exc.strerror if isinstance(exc, OSError) else "not valid JSON" if isinstance(
-            exc, (json.JSONDecodeError, UnicodeDecodeError, RecursionError)) else str(exc)
-        return {"outcome": "unreadable", "why": f"{path}: {problem}"}
-    return report
-
-
-def _report_lines(report: dict | None) -> list[str]:
-    if not report:
-        return []
-    lines = [" ".join(f"report: {report['outcome']}: {report['why']}".split())]
-    step = report.get("checkpoint_step")
-    for policy, text in (report.get("headline") or {}).items():
-        lines.append(f"  success {policy:<8} {text}" + (f" at step {step}" if policy == "trained" and step else ""))
-    return lines
-
-
-def local_summary(run_dir: Path) -> str:
-    """After a local chain: the job states, the success table and where to look next."""
-    from embodyhpc.launch.report import SUMMARY_FILE, TABLE_FILE
-
-    lines = [status_report(run_dir).rstrip("\n")]
-    table = Path(run_dir) / TABLE_FILE
-    if table.is_file():
-        lines += ["", table.read_text().rstrip("\n"), "", f"summary: {Path(run_dir) / SUMMARY_FILE}"]
-    info = RunInfo.load(run_dir)
-    if info.mlflow_run_id:
-        from embodyhpc.config.load import load_resolved
-        from embodyhpc.tracking.mlflow_run import tracking_uri, ui_hint
-
-        config = load_resolved(run_dir)
-        lines.append(f"MLflow run {info.mlflow_run_id}: {ui_hint(tracking_uri(config.tracking, config.job.runs_root))}")
-    return "\n".join(lines)
-
-
 def chain_failure(run_dir: Path) -> str | None:
     """Why a chain that ran on this machine did not complete, on one line; None when every job completed, every
     shard of an array reported and the report says complete. Evaluations run beside training count too."""
     from embodyhpc.errors import RunDirError
-    from embodyhpc.launch.checkpoint_eval import requested_evals
 
     info = RunInfo.load(run_dir)
-    problems = _chain_problems(info, _read_report(Path(info.run_dir)))
+    problems = _chain_problems(info, read_report(Path(info.run_dir)))
     for path in requested_evals(Path(info.run_dir)):
         try:
             sub = RunInfo.load(path)
         except RunDirError as exc:
             problems.append(f"evaluation {path.name}: {exc.one_line()}")
             continue
-        problems += [f"evaluation {path.name}: {why}" for why in _chain_problems(sub, _read_report(path))]
+        problems += [f"evaluation {path.name}: {why}" for why in _chain_problems(sub, read_report(path))]
     return " ".join(("the chain did not complete: " + "; ".join(problems)).split()) if problems else None
 
 
@@ -381,95 +235,3 @@ def _chain_problems(info: RunInfo, report: dict | None) -> list[str]:
         elif report.get("outcome") != "complete":
             problems.append(f"report {report.get('outcome')}: {report.get('why')}")
     return problems
-
-
-def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iterator[str]:
-    from embodyhpc.runlogs import follow as follow_logs
-    from embodyhpc.runlogs import log_files
-    from embodyhpc.slurm.status import read_states
-
-    info = RunInfo.load(run_dir)
-    if not follow:
-        for label, path in log_files(info, kind):
-            yield f"===== {label}: {path}"
-            try:
-                text = path.read_text(errors="replace")
-            except OSError as exc:  # one unreadable log costs its own lines, not the others'
-                yield f"(unreadable: {exc.strerror or exc})"
-                continue
-            yield from text.splitlines()
-        return
-
-    lost: list[str] = []  # why Slurm stopped answering, if it did
-
-    def done() -> bool:
-        (states,), from_disk = read_states([RunInfo.load(run_dir)])
-        if from_disk is not None and info.backend == "slurm":  # no telling when the job ends: print what is there
-            lost.append(from_disk)
-            return True
-        return all(s.finished for s in states if kind is None or s.kind == kind)
-
-    yield from follow_logs(lambda: log_files(RunInfo.load(run_dir), kind), done)
-    if lost:
-        from embodyhpc.errors import SlurmError
-
-        raise SlurmError(f"stopped following: sacct failed ({lost[0]}), so the jobs' states are unknown; "
-                         f"run `embodyhpc logs {run_dir} -f` again once Slurm answers")
-
-
-def cancel_run(run_dir: Path) -> str:
-    """Cancel every job the run started: its chain, then the chains of its evaluations while training (under
-    evals/, submitted from inside the training job) and their export jobs. Job ids are checked before scancel
-    sees them (embodyhpc.rundir, embodyhpc.slurm.commands)."""
-    from embodyhpc.errors import RunDirError
-    from embodyhpc.launch.checkpoint_eval import requested_evals
-    from embodyhpc.slurm.chain import cancel_chain
-
-    info = RunInfo.load(run_dir)
-    if info.backend != "slurm":
-        return "local runs stop with their `embodyhpc submit` process (Ctrl-C); nothing to cancel"
-    cancelled = cancel_chain(info)  # training first: it asks for no evaluation after this
-    lines = [f"cancelled jobs {' '.join(cancelled) or '(none submitted)'}"]
-    seen: set[Path] = set()
-    damaged: list[RunDirError] = []
-    for _ in range(2):  # again after the first pass: an evaluation asked for while training was being cancelled
-        for path in requested_evals(Path(info.run_dir)):
-            if path in seen:
-                continue
-            seen.add(path)
-            try:
-                ids = cancel_chain(RunInfo.load(path))
-            except RunDirError as exc:
-                damaged.append(exc)
-                continue
-            lines.append(f"cancelled evaluation {path.name}: jobs {' '.join(ids) or '(none submitted)'}")
-    if damaged:  # what could be cancelled is; the rest needs the user (one line, exit 2)
-        raise RunDirError(f"{lines[0]}; {len(damaged)} evaluation(s) not cancelled: {damaged[0].one_line()}")
-    return "\n".join(lines)
-
-
-def doctor_report(loaded: LoadedRecipe | None, *, as_json: bool, suggest: bool,
-                  probe_bytes: int) -> tuple[str, int]:
-    """Run the preflight against a recipe's expectations (or none); text and exit code."""
-    from embodyhpc.hw import DoctorOptions, run_doctor, suggest_network_with_reasons
-
-    if loaded is None:
-        options, network = DoctorOptions(nvme_probe_bytes=probe_bytes), None
-    else:
-        cfg = loaded.config
-        options = DoctorOptions(runs_root=cfg.job.runs_root, nvme_path=cfg.staging.nvme_dir,
-                                nvme_probe_bytes=probe_bytes, num_nodes=cfg.resources.nodes,
-                                expected_gpus=cfg.resources.gpus_per_node or None)
-        network = cfg.network
-    report = run_doctor(options, network=network)
-    out: dict = report.to_dict()
-    lines = [report.to_text().rstrip("\n")]
-    if suggest:
-        section, reasons = suggest_network_with_reasons(report.ib_ports)
-        out["suggested_network"] = {"network": section, "why": reasons}
-        import yaml
-
-        lines += ["", "# suggested site profile section:", yaml.safe_dump({"network": section}, sort_keys=False)
-                  .rstrip("\n")] + [f"#   {why}" for why in reasons]
-    text = json.dumps(out, indent=2, default=str) if as_json else "\n".join(lines)
-    return text + "\n", report.exit_code()

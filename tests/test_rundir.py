@@ -444,3 +444,50 @@ def test_logs_follow_without_sacct_prints_everything_then_stops_with_one_line(cl
     assert result.code == 1 and "[train task 0 out] step 2" in result.out
     assert len(result.err.strip().splitlines()) == 1 and "stopped following" in result.err
     assert "Connection refused" in result.err and "Traceback" not in result.err
+
+
+def test_run_json_carries_its_schema_version_and_an_older_one_still_reads(tmp_path):
+    """New files say which layout they use; a file from before the version existed reads as version 1, and saving
+    it again writes the current version (with every known field)."""
+    from embodyhpc.rundir import RUN_JSON_VERSION, RunInfo
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps(_valid(run)))
+    info = RunInfo.load(run)
+    assert info.schema_version == 1 and info.jobs["eval"].array_size == 4
+    info.save()
+    saved = json.loads((run / "run.json").read_text())
+    assert saved["schema_version"] == RUN_JSON_VERSION >= 2 and saved["jobs"]["eval"]["dependency"] == "afterok:101"
+    assert RunInfo.load(run).schema_version == RUN_JSON_VERSION
+
+
+def test_a_newer_schema_version_with_new_fields_reads_and_a_wrong_type_is_refused(tmp_path):
+    from embodyhpc.errors import RunDirError
+    from embodyhpc.rundir import RunInfo
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({**_valid(run), "schema_version": 99, "queue": {"new": True}}))
+    assert RunInfo.load(run).schema_version == 99  # readers ignore what they do not know
+    (run / "run.json").write_text(json.dumps({**_valid(run), "schema_version": "2"}))
+    with pytest.raises(RunDirError, match="schema_version"):
+        RunInfo.load(run)
+
+
+def test_an_atomic_write_that_fails_leaves_the_old_file_and_no_temp_file(tmp_path):
+    from embodyhpc.rundir import replace_atomically, write_json_atomic
+
+    path = tmp_path / "report.json"
+    write_json_atomic(path, {"outcome": "complete"})
+
+    def torn(tmp: Path) -> None:
+        tmp.write_text('{"outcome": "par')
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        replace_atomically(path, torn)
+    assert json.loads(path.read_text()) == {"outcome": "complete"} and os.listdir(tmp_path) == ["report.json"]
+    write_json_atomic(path, {"outcome": "failed"}, durable=True)
+    assert json.loads(path.read_text()) == {"outcome": "failed"} and os.listdir(tmp_path) == ["report.json"]
+    assert path.stat().st_mode & 0o777 == 0o600  # a run's files are private, as the run folder is

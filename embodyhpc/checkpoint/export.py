@@ -15,8 +15,6 @@ the optimizer (2x the weights for AdamW) stays on disk. Peak memory: the full mo
 
 from __future__ import annotations
 
-import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -42,7 +40,7 @@ from embodyhpc.checkpoint.integrity import (
     verify_export,
 )
 from embodyhpc.checkpoint.state import MODEL_KEY
-from embodyhpc.rundir import write_json_atomic
+from embodyhpc.rundir import replace_atomically, write_json_atomic
 
 __all__ = ["CONFIG_FILE", "EXPORT_JSON", "WEIGHTS_FILE", "built_from", "consolidated_model_state",
            "export_consolidated", "load_exported", "model_entries"]
@@ -141,9 +139,9 @@ def export_consolidated(folder: str | Path, out_dir: str | Path, *, config_yaml:
     (out_dir / EXPORT_JSON).unlink(missing_ok=True)  # an older export here is no longer whole from now on
     step = marker.get("step")
     weights = out_dir / WEIGHTS_FILE
-    _replace_atomically(weights, lambda tmp: save_file(tensors, str(tmp), metadata={
+    replace_atomically(weights, lambda tmp: save_file(tensors, str(tmp), metadata={
         "format": "pt", "step": str(step), "source": folder.name}))
-    _replace_atomically(out_dir / CONFIG_FILE, lambda tmp: tmp.write_text(config_yaml))
+    replace_atomically(out_dir / CONFIG_FILE, lambda tmp: tmp.write_text(config_yaml))
     summary: dict[str, Any] = {
         "step": step, "source": str(folder.resolve()), "weights": WEIGHTS_FILE, "config": CONFIG_FILE,
         "num_tensors": len(tensors), "num_parameters": sum(t.numel() for t in tensors.values()),
@@ -169,17 +167,6 @@ def load_exported(out_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
         raise NotACheckpointError(f"unreadable weights ({exc})", where=str(out_dir / WEIGHTS_FILE),
                                   fix=REEXPORT) from None
     return weights, summary
-
-
-def _replace_atomically(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def check_fits(entries: dict[str, tuple[torch.dtype, torch.Size]], model_config: Any, precision: Any = None, *,

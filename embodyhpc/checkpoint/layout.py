@@ -24,24 +24,20 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import shutil
-import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embodyhpc.rundir import write_json_atomic
+from embodyhpc.rundir import parse_step, replace_atomically, step_name, write_json_atomic
 
-STEP_PREFIX = "step-"
 MARKER = ".complete"
 LATEST = "latest"
 TRAINER_JSON = "trainer.json"
 RNG_DIR = "rng"
 PINS_DIR = "pins"
 _RETIRING_PREFIX = ".retiring-"  # folders renamed away before deletion: invisible to readers at once
-_STEP_RE = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -56,22 +52,12 @@ class Listing:
         return self.complete[-1] if self.complete else None
 
 
-def step_name(step: int) -> str:
-    return f"{STEP_PREFIX}{step}"
-
-
 def step_dir(root: Path, step: int) -> Path:
     return root / step_name(step)
 
 
 def rng_file(folder: Path, rank: int) -> Path:
     return folder / RNG_DIR / f"rank-{rank:05d}.pt"
-
-
-def parse_step(name: str) -> int | None:
-    """The step of a `step-N` folder name; None for anything else."""
-    match = _STEP_RE.match(name)
-    return int(match.group(1)) if match else None
 
 
 def is_complete(folder: Path) -> bool:
@@ -101,10 +87,7 @@ def read_marker(folder: Path) -> dict[str, Any]:
 
 def write_latest(root: Path, step: int) -> None:
     """Point `latest` at step-N by replacing the file whole (os.replace is atomic on POSIX filesystems)."""
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{LATEST}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(step_name(step) + "\n")
-    os.replace(tmp, root / LATEST)
+    replace_atomically(root / LATEST, lambda tmp: tmp.write_text(step_name(step) + "\n"))
 
 
 def read_latest(root: Path) -> Path | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from embodyhpc.eval.aggregate import Report
+from embodyhpc.rundir import replace_atomically
 
 
 def _figure(width: float, height: float) -> tuple[Any, Any]:
@@ -26,9 +27,8 @@ def _figure(width: float, height: float) -> tuple[Any, Any]:
 def _save(fig: Any, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    replace_atomically(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", dpi=120,
+                                                      bbox_inches="tight"))
     return path
 
 

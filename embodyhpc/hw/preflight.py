@@ -112,11 +112,13 @@ def run_preflight_for_job(run_dir: str | os.PathLike, config: Config, local_rank
                           node: str) -> PreflightResult | None:
     """The launch hook: local rank 0 of each node checks it (the others return None at once), against the
     run's checkpoint folder and logs/. Skipped when `resources.preflight` is false. Runs no collectives."""
+    from embodyhpc.rundir import CHECKPOINTS_DIR, LOGS_DIR
+
     if local_rank != 0 or not config.resources.preflight:
         return None
     run_path = Path(run_dir)
     return preflight(config.resources, config.network, config.staging, config.data, node=node,
-                     checkpoint_dir=run_path / "checkpoints", logs_dir=run_path / "logs")
+                     checkpoint_dir=run_path / CHECKPOINTS_DIR, logs_dir=run_path / LOGS_DIR)
 
 
 def write_result(result: PreflightResult, logs_dir: Path) -> Path:

@@ -6,15 +6,15 @@ those; a step evaluated once (by an earlier attempt of a requeued job) is not ev
 
 How, for step N: the checkpointer's completion hook on rank 0 of the training job (for async saves that is the
 checkpoint finisher thread: the training thread never waits for any of this) calls `request`, which
-1. makes <run>/evals/step-N/ an evaluation run directory (embodyhpc.submit.start_run): resolved.yaml is the run's
-   recipe with eval.weights = <run>/checkpoints/step-N, run.json names the training run as parent_run and shares
-   its MLflow run, and the checkpoint gets this evaluation's pin, so retention (checkpoint.keep_latest_k) keeps it
-   until the export job has read it;
+1. makes <run>/evals/step-N/ an evaluation run directory (embodyhpc.orchestrate.api.start_run): resolved.yaml
+   is the run's recipe with eval.weights = <run>/checkpoints/step-N, run.json names the training run as parent_run
+   and shares its MLflow run, and the checkpoint gets this evaluation's pin, so retention (checkpoint.keep_latest_k)
+   keeps it until the export job has read it;
 2. runs the chain `embodyhpc eval --ckpt` runs, on the evaluation's own resources (eval.cpus_per_task, eval.mem,
    eval.time): export (-> <run>/exports/step-N, then unpin) -> eval array (afterok) -> report (afterany):
    - Slurm: submitted from inside the training job (sbatch without the job's own SLURM_* variables);
    - local: the `submit` process, which waits for training anyway, finds the folder and runs the chain beside
-     training (embodyhpc.slurm.local), one evaluation at a time.
+     training (embodyhpc.orchestrate.backend_local), one evaluation at a time.
 The report logs a child MLflow run of the training run at step N and adds step N to the training run's
 eval/history.jsonl, so the success-vs-step plot grows while training runs; `embodyhpc status RUN` lists them.
 Failures here never reach training: they are printed, and that step goes unevaluated.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from embodyhpc.checkpoint import layout
 from embodyhpc.config.schema import Config
-from embodyhpc.rundir import EVALS_DIR, RESOLVED_YAML, RUN_JSON, RunInfo, make_run_dir
+from embodyhpc.rundir import RESOLVED_YAML, RunInfo, eval_run_dir, make_run_dir
 
 
 def evaluates_step(config: Config, step: int) -> bool:
@@ -39,24 +39,11 @@ def evaluates_step(config: Config, step: int) -> bool:
     return step % (k * config.checkpoint.every_steps) == 0
 
 
-def eval_run_dir(run: Path, step: int) -> Path:
-    return Path(run) / EVALS_DIR / layout.step_name(step)
-
-
-def requested_evals(run: Path) -> list[Path]:
-    """The evaluation run directories under <run>/evals/ that are ready (run.json written), by step."""
-    root = Path(run) / EVALS_DIR
-    if not root.is_dir():
-        return []
-    found = [(layout.parse_step(p.name), p) for p in root.iterdir() if (p / RUN_JSON).is_file()]
-    return [path for step, path in sorted((s, p) for s, p in found if s is not None)]
-
-
 def request(run: Path, step: int, checkpoint: Path, progress: Callable[[str], None] = print) -> Path | None:
     """Evaluate `checkpoint` (complete) of the training run `run`: its run directory, and on Slurm its chain.
     Returns the evaluation run directory, or None when that step was asked for before."""
     from embodyhpc.config.load import load_recipe
-    from embodyhpc.submit import run_chain, start_run
+    from embodyhpc.orchestrate.api import run_chain, start_run
 
     target = eval_run_dir(run, step)
     parent = RunInfo.load(run)

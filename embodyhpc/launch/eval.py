@@ -24,20 +24,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from embodyhpc.checkpoint.integrity import EXPORT_JSON
 from embodyhpc.config.load import load_resolved
 from embodyhpc.config.schema import Config
 from embodyhpc.eval.shards import plan_shards
 from embodyhpc.evaluate import checkpoint_export_dir, evaluated_checkpoint
+from embodyhpc.rundir import EXPORT_DIR, VIDEOS_DIR, shard_file
 
-SHARDS_DIR = "eval/shards"
-VIDEOS_DIR = "eval/videos"
-EXPORT_DIR = "export"
 TRAINED = "trained"
 SHARD_RETRIES = 1
-
-
-def shard_file(run_dir: Path, policy: str, shard: int) -> Path:
-    return Path(run_dir) / SHARDS_DIR / policy / f"shard-{shard:04d}.jsonl"
 
 
 def weights_dir(config: Config, run_dir: Path) -> Path | None:
@@ -49,7 +44,7 @@ def weights_dir(config: Config, run_dir: Path) -> Path | None:
         if checkpoint is None:
             return Path(config.eval.weights)
         own = Path(run_dir) / EXPORT_DIR  # where the export job put it when the run's exports/ could not be used
-        return own if (own / "export.json").is_file() else checkpoint_export_dir(checkpoint)
+        return own if (own / EXPORT_JSON).is_file() else checkpoint_export_dir(checkpoint)
     if config.data.format == "synthetic":
         return None
     return Path(run_dir) / EXPORT_DIR

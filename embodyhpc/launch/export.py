@@ -28,10 +28,8 @@ from embodyhpc.checkpoint import layout
 from embodyhpc.checkpoint.errors import NotACheckpointError
 from embodyhpc.config.load import load_resolved
 from embodyhpc.data.normalize import NORM_FILE
-from embodyhpc.eval.trained import POLICY_IO_FILE
-from embodyhpc.evaluate import CHECKPOINTS_DIR, checkpoint_export_dir, evaluated_checkpoint
-from embodyhpc.launch.eval import EXPORT_DIR
-from embodyhpc.rundir import RESOLVED_YAML
+from embodyhpc.evaluate import checkpoint_export_dir, evaluated_checkpoint
+from embodyhpc.rundir import CHECKPOINTS_DIR, EXPORT_DIR, POLICY_IO_FILE, RESOLVED_YAML
 
 SIDE_FILES = (NORM_FILE, POLICY_IO_FILE)
 SIDE_FILE_DIRS = (CHECKPOINTS_DIR, EXPORT_DIR)  # where a training run keeps them: first found wins

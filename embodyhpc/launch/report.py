@@ -26,15 +26,20 @@ from embodyhpc.checkpoint import layout
 from embodyhpc.config.load import load_resolved
 from embodyhpc.eval.shards import all_episodes
 from embodyhpc.evaluate import evaluated_checkpoint
-from embodyhpc.launch.eval import SHARDS_DIR, TRAINED, VIDEOS_DIR, plan, planned_tasks, policy_names, shard_file
-from embodyhpc.launch.train import RESULT_FILE
-from embodyhpc.rundir import RunInfo, write_json_atomic
-
-REPORT_FILE = "eval/report.json"
-SUMMARY_FILE = "eval/report.md"
-TABLE_FILE = "eval/report.txt"
-HISTORY_FILE = "eval/history.jsonl"
-PLOTS_DIR = "eval/plots"
+from embodyhpc.launch.eval import TRAINED, plan, planned_tasks, policy_names
+from embodyhpc.rundir import (
+    HISTORY_FILE,
+    PLOTS_DIR,
+    REPORT_FILE,
+    RESULT_FILE,
+    SUMMARY_FILE,
+    TABLE_FILE,
+    VIDEOS_DIR,
+    RunInfo,
+    shard_file,
+    shard_files,
+    write_json_atomic,
+)
 
 
 def report_task(run_dir: str) -> dict:
@@ -56,7 +61,7 @@ def report_task(run_dir: str) -> dict:
 
     missing_shards = sorted({shard for shard in range(len(shards)) for name in policies
                              if not shard_file(run, name, shard).is_file()})
-    files = sorted((run / SHARDS_DIR).glob("*/shard-*.jsonl")) if (run / SHARDS_DIR).is_dir() else []
+    files = shard_files(run)
     results = aggregate(load_records(files), all_episodes(planned_tasks(config), list(ev.seeds), ev.episodes_per_task),
                         policies=policies)
     step = _checkpoint_step(files)

@@ -7,10 +7,7 @@ import json
 from pathlib import Path
 
 from embodyhpc.config.load import load_resolved
-from embodyhpc.rundir import write_json_atomic
-
-SMOKE_FILE = "smoke.json"
-REQUEST_FILE = "smoke-request.json"
+from embodyhpc.rundir import SMOKE_FILE, SMOKE_REQUEST_FILE, write_json_atomic
 
 
 class SmokeFailed(RuntimeError):
@@ -21,7 +18,7 @@ def smoke_task(run_dir: str) -> dict:
     from embodyhpc.train.smoke import format_report, run_smoke
 
     folder = Path(run_dir)
-    request = json.loads((folder / REQUEST_FILE).read_text()) if (folder / REQUEST_FILE).is_file() else {}
+    request = json.loads((folder / SMOKE_REQUEST_FILE).read_text()) if (folder / SMOKE_REQUEST_FILE).is_file() else {}
     report = run_smoke(load_resolved(run_dir), steps=int(request.get("steps", 20)),
                        size=str(request.get("size", "tiny")),
                        progress=lambda row: print(f"{row.path.name}: {row.status} {row.reason or ''}", flush=True))

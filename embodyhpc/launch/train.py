@@ -34,12 +34,9 @@ from typing import Any
 from embodyhpc.config.load import load_resolved
 from embodyhpc.config.schema import CheckpointConfig, Config, DataConfig, StagingConfig, TrainConfig
 from embodyhpc.launch import distributed, observe
-from embodyhpc.rundir import write_json_atomic
+from embodyhpc.rundir import ATTEMPTS_FILE, CHECKPOINTS_DIR, RESULT_FILE, SPINE_STATE_FILE, write_json_atomic
 from embodyhpc.train.preempt import Requeued, Stopped, StopSignal
 
-RESULT_FILE = "logs/train_result.json"
-ATTEMPTS_FILE = "logs/train_attempts.jsonl"
-STATE_FILE = "checkpoints/spine-state.pt"
 _DIM = 16
 _HOST_BYTES = 64
 
@@ -149,7 +146,7 @@ def _decide_and_requeue(result: dict, max_requeues: int, run_dir: Path, job_id: 
         outcome = "failed"
         message = (f"{saved} and not requeued: the job was already restarted {restarts} time(s) and "
                    f"resources.max_requeues={max_requeues} (raise it, or resources.time so that fewer restarts are "
-                   f"needed); the checkpoint of step {step} stays under {run_dir / 'checkpoints'}")
+                   f"needed); the checkpoint of step {step} stays under {run_dir / CHECKPOINTS_DIR}")
     else:
         outcome, message = "requeued", f"{saved}; requeued (restart {restarts + 1} of at most {max_requeues})"
         if on_slurm:
@@ -248,7 +245,7 @@ def _spine_loop(dist_env: distributed.DistEnv, train: TrainConfig, ckpt: Checkpo
     true_w = torch.randn(_DIM, generator=torch.Generator().manual_seed(train.seed))
     weights = torch.zeros(_DIM)
     start_step = 0
-    state_path = run_dir / STATE_FILE
+    state_path = run_dir / SPINE_STATE_FILE
     if state_path.exists():  # resume after requeue: rank 0 reads, everyone receives the same
         state = torch.load(state_path) if rank == 0 else {"step": 0, "weights": weights}
         weights, start_step = state["weights"], int(state["step"])

@@ -21,7 +21,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.errors import ConfigError
-from embodyhpc.evaluate import evaluated_checkpoint
+from embodyhpc.rundir import submitit_folder
 
 JOB_KINDS = ("train", "export", "eval", "report", "smoke")
 SMOKE_TIME_MIN = 60  # embodyhpc smoke --submit: ~17 short trainings, inductor compiles included
@@ -139,19 +139,6 @@ def job_shape(loaded: LoadedRecipe, kind: str) -> JobShape:
     if kind == "smoke":  # one process on one node; its FSDP row starts one rank per GPU itself
         return JobShape(kind, 1, 1, SMOKE_TIME_MIN)
     raise ValueError(f"unknown job kind {kind!r}; expected one of {JOB_KINDS}")
-
-
-def chain_kinds(loaded: LoadedRecipe, *, eval_only: bool = False) -> list[str]:
-    """The jobs of this recipe's chain, in order: train -> eval -> report (no eval array when eval.enabled is
-    false). An evaluation of weights that exist (`embodyhpc eval`, evaluations while training runs) has no training;
-    it starts with an export job when eval.weights is a run's checkpoints/step-N folder."""
-    if eval_only:
-        return (["export"] if evaluated_checkpoint(loaded.config.eval) else []) + ["eval", "report"]
-    return ["train"] + (["eval"] if loaded.config.eval.enabled else []) + ["report"]
-
-
-def submitit_folder(run_dir: Path) -> Path:
-    return run_dir / "submitit"
 
 
 def submitit_command(python: str, run_dir: Path) -> Shell:

@@ -65,15 +65,12 @@ from embodyhpc.launch.distributed import rank_device
 from embodyhpc.models import build_model, build_tokenizer, model_spec
 from embodyhpc.models.fp8 import FP8GemmCounter, fp8_autocast
 from embodyhpc.parallel import build_mesh, materialize, parallelize
+from embodyhpc.rundir import CHECKPOINTS_DIR, EXPORT_DIR, METRICS_FILE
 from embodyhpc.train.metrics import ConsoleMetricsSink, JsonlMetricsSink, MetricsSink
 from embodyhpc.train.optim import build_optimizer
 from embodyhpc.train.preempt import StopSignal, cpu_group
 from embodyhpc.train.schedule import warmup_cosine
 from embodyhpc.train.stream import BatchStream
-
-METRICS_FILE = "logs/metrics.jsonl"
-CHECKPOINT_DIR = "checkpoints"
-EXPORT_DIR = "export"
 
 
 class RankInfo(Protocol):
@@ -139,10 +136,10 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
     token_budget = spec.load("token_budget") if spec.token_budget is not None else lambda batch, cfg: 0
     stream = BatchStream(loader, sampler)
 
-    ckpt = Checkpointer(run_dir / CHECKPOINT_DIR, checkpoint, seed=train_cfg.seed, device=device,
+    ckpt = Checkpointer(run_dir / CHECKPOINTS_DIR, checkpoint, seed=train_cfg.seed, device=device,
                         on_complete=on_checkpoint)
     if is_rank0:  # beside the checkpoints: how to feed the policy, for exports of any step (final or not)
-        write_policy_io(run_dir / CHECKPOINT_DIR, data.root, model_cfg, normalizer)
+        write_policy_io(run_dir / CHECKPOINTS_DIR, data.root, model_cfg, normalizer)
     loaded = ckpt.load_latest(model, optimizer)
     start_step = 0
     if loaded is not None:
@@ -338,7 +335,7 @@ def write_policy_io(export_dir: Path, data_root: str, model_cfg: ModelConfig, no
     """Next to the exported weights: the state statistics (normalization.json) and policy_io.json (the dataset's
     cameras, image size, state key and real action dims), so an evaluation feeds the policy as training did."""
     from embodyhpc.data.info import dataset_info
-    from embodyhpc.rundir import write_json_atomic
+    from embodyhpc.rundir import POLICY_IO_FILE, write_json_atomic
 
     info = dataset_info(data_root)
     features = info.get("features", {})
@@ -346,7 +343,7 @@ def write_policy_io(export_dir: Path, data_root: str, model_cfg: ModelConfig, no
     sizes = {features[f"observation.images.{c}"]["shape"][0] for c in cameras if f"observation.images.{c}" in features}
     action = features.get("action", {}).get("shape") or [model_cfg.action_dim]
     normalizer.save(export_dir)
-    write_json_atomic(export_dir / "policy_io.json", {
+    write_json_atomic(export_dir / POLICY_IO_FILE, {
         "cameras": cameras, "image_size": max(sizes) if sizes else None, "state_key": model_cfg.state_key,
         "action_dim": min(int(action[-1]), model_cfg.action_dim), "fps": info.get("fps")})
 

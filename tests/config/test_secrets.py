@@ -108,8 +108,8 @@ def test_secret_names_must_be_variable_names(cli, tmp_path, names):
 
 
 def test_run_folder_and_its_files_are_private(tmp_path, monkeypatch):
+    from embodyhpc.orchestrate.api import start_run
     from embodyhpc.rundir import RUN_JSON, SUBDIRS, new_run_dir
-    from embodyhpc.submit import start_run
 
     monkeypatch.setenv("HF_TOKEN", VALUE)
     old = os.umask(0o022)

@@ -10,8 +10,8 @@ import torch
 from embodyhpc.checkpoint import Checkpointer
 from embodyhpc.config.load import load_recipe
 from embodyhpc.config.schema import CheckpointConfig
+from embodyhpc.orchestrate.api import start_run
 from embodyhpc.rundir import make_run_dir
-from embodyhpc.submit import start_run
 
 RECIPE = "recipes/demo_metaworld_cpu.yaml"
 

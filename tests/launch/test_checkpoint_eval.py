@@ -12,9 +12,9 @@ from embodyhpc.checkpoint import layout
 from embodyhpc.config.load import load_recipe, load_resolved
 from embodyhpc.launch import checkpoint_eval
 from embodyhpc.launch.export import export_task
-from embodyhpc.rundir import RunInfo
+from embodyhpc.orchestrate.plan import chain_kinds
+from embodyhpc.rundir import RunInfo, requested_evals
 from embodyhpc.slurm.executor import without_job_environment
-from embodyhpc.slurm.render import chain_kinds
 
 RECIPE = "recipes/demo_metaworld_cpu.yaml"
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -39,7 +39,7 @@ def test_a_requested_evaluation_is_a_run_of_its_own_that_pins_the_checkpoint(tra
     messages = []
     target = checkpoint_eval.request(run, 40, checkpoint, progress=messages.append)
     assert target == run / "evals" / "step-40" and "asked for" in messages[0]
-    assert checkpoint_eval.requested_evals(run) == [target]
+    assert requested_evals(run) == [target]
     info = RunInfo.load(target)
     assert (info.backend, info.parent_run, info.mlflow_run_id) == ("local", str(run), "mlflow-parent")
     assert info.python == "/venv/bin/python" and info.jobs == {}  # the local `submit` process runs it
@@ -106,7 +106,7 @@ def test_local_training_evaluates_every_kth_checkpoint_beside_training(cli, runs
     assert result.code == 0, result.err
     run = run_dir_from(result.out)
     assert json.loads((run / "eval" / "report.json").read_text())["checkpoint_step"] == 80
-    evals = checkpoint_eval.requested_evals(run)
+    evals = requested_evals(run)
     assert [p.name for p in evals] == ["step-20", "step-40", "step-60"]
     for path in evals:
         step = int(path.name.split("-")[1])

@@ -22,8 +22,8 @@ from embodyhpc.config.schema import CheckpointConfig
 from embodyhpc.launch.eval import weights_dir
 from embodyhpc.launch.export import export_task
 from embodyhpc.models import build_model
+from embodyhpc.orchestrate.api import start_run
 from embodyhpc.rundir import RUN_JSON, make_run_dir
-from embodyhpc.submit import start_run
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 REPO = Path(__file__).resolve().parents[2]
@@ -209,7 +209,7 @@ READ_ONLY_SCRIPT = textwrap.dedent("""
     from embodyhpc.launch.eval import weights_dir
     from embodyhpc.launch.export import export_task
     from embodyhpc.rundir import make_run_dir
-    from embodyhpc.submit import start_run
+    from embodyhpc.orchestrate.api import start_run
 
     source, run = Path(sys.argv[1]), Path(sys.argv[2])
     checkpoint = source / "checkpoints" / "step-40"

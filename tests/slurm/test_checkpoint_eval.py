@@ -8,8 +8,7 @@ from datetime import datetime
 
 import pytest
 
-from embodyhpc.launch import checkpoint_eval
-from embodyhpc.rundir import RunInfo
+from embodyhpc.rundir import RunInfo, requested_evals
 from embodyhpc.slurm import commands
 from tests.helpers import run_dir_from, statuses, wait_for
 
@@ -37,7 +36,7 @@ def test_training_job_submits_checkpoint_evaluations_that_run_beside_it(cli, slu
     run = run_dir_from(result.out)
     train_id = json.loads((run / "run.json").read_text())["jobs"]["train"]["job_id"]
     wait_for((run / "eval" / "report.json").is_file, 420, "the training run's report")
-    evals = checkpoint_eval.requested_evals(run)
+    evals = requested_evals(run)
     assert [p.name for p in evals] == ["step-20", "step-40"]
     for path in evals:
         wait_for((path / "eval" / "report.json").is_file, 240, f"{path.name}'s report")

@@ -1,0 +1,138 @@
+"""Terminal views of a run: `status` (text or JSON), the summary after a local chain, and `logs`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from embodyhpc.rundir import SUMMARY_FILE, TABLE_FILE, RunInfo, read_report, requested_evals
+
+
+def _progress_text(status) -> str:
+    if status.array_size:
+        counts = status.array_counts
+        parts = [f"{counts.get('COMPLETED', 0)}/{status.array_size} done"]
+        parts += [f"{n} {s.lower()}" for s, n in sorted(counts.items()) if s != "COMPLETED"]
+        text = ", ".join(parts)
+        return f"{text}; {status.reason}" if status.reason and status.state != "COMPLETED" else text
+    # sacct keeps the last pending reason (e.g. Dependency) on finished jobs: show it only when useful
+    return status.reason or "" if status.state != "COMPLETED" else ""
+
+
+def status_report(run_dir: Path, *, as_json: bool = False) -> str:
+    from embodyhpc.errors import RunDirError
+    from embodyhpc.slurm.status import read_states
+
+    info = RunInfo.load(run_dir)
+    evals, eval_infos, broken = [], [], {}
+    for path in requested_evals(Path(info.run_dir)):
+        try:  # a damaged evaluation folder costs its own line, not the run's status
+            eval_infos.append(RunInfo.load(path))
+            evals.append(path)
+        except RunDirError as exc:
+            broken[path.name] = exc.one_line()
+    (statuses, *eval_statuses), from_disk = read_states([info, *eval_infos])  # one sacct for all
+    report = read_report(Path(info.run_dir))
+    if from_disk is not None:
+        statuses = _disk_states(statuses, report)
+        eval_statuses = [_disk_states(s, read_report(p)) for p, s in zip(evals, eval_statuses, strict=True)]
+    note = (f"note: sacct failed ({from_disk}); the states below come from disk (run.json, report.json) and may "
+            "be out of date" if from_disk is not None else None)
+    if as_json:
+        by_eval = {path.name: {"run_dir": str(path), "jobs": [dataclasses.asdict(s) for s in jobs],
+                               "report": read_report(path)} for path, jobs in zip(evals, eval_statuses, strict=True)}
+        by_eval.update({name: {"error": why} for name, why in broken.items()})
+        return json.dumps({"run_dir": info.run_dir, "backend": info.backend,
+                           "states_from": "slurm" if from_disk is None and info.backend == "slurm" else "disk",
+                           "note": note, "jobs": [dataclasses.asdict(s) for s in statuses], "report": report,
+                           "evals": by_eval}, indent=2) + "\n"
+    lines = [f"run {info.run_dir} ({info.backend}; {info.recipe}" + (f" + {info.site})" if info.site else ")")]
+    lines += [note] if note else []
+    lines.append(f"{'JOB':<7} {'ID':<10} {'STATE':<11} {'EXIT':<5} {'NODES':<10} PROGRESS / REASON")
+    for s in statuses:
+        code = "-" if s.exit_code is None else str(s.exit_code)
+        lines.append(f"{s.kind:<7} {s.job_id or '-':<10} {s.state:<11} {code:<5} {s.nodes or '-':<10} "
+                     f"{_progress_text(s)}".rstrip())
+    lines += _report_lines(report)
+    if evals or broken:
+        lines.append("evaluations while training:")
+    for path, sub_statuses in zip(evals, eval_statuses, strict=True):
+        jobs = ", ".join(f"{s.kind} {s.state}" + (f" ({_progress_text(s)})" if s.array_size else "")
+                         for s in sub_statuses)
+        lines.append(f"  {path.name}: {jobs or 'not submitted'}")
+        lines += ["  " + line for line in _report_lines(read_report(path))]
+    lines += [f"  {name}: {why}" for name, why in sorted(broken.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _disk_states(statuses: list, report: dict | None) -> list:
+    """Without sacct: what a finished report recorded (train and eval states; the report itself is done)."""
+    recorded = {kind: (report.get(kind) or {}).get("state") for kind in ("train", "eval")} if report else {}
+    out = []
+    for s in statuses:
+        state = "COMPLETED" if s.kind == "report" and report and "outcome" in report else recorded.get(s.kind)
+        out.append(dataclasses.replace(s, state=state) if isinstance(state, str) and s.state == "UNKNOWN" else s)
+    return out
+
+
+def _report_lines(report: dict | None) -> list[str]:
+    if not report:
+        return []
+    lines = [" ".join(f"report: {report['outcome']}: {report['why']}".split())]
+    step = report.get("checkpoint_step")
+    for policy, text in (report.get("headline") or {}).items():
+        lines.append(f"  success {policy:<8} {text}" + (f" at step {step}" if policy == "trained" and step else ""))
+    return lines
+
+
+def local_summary(run_dir: Path) -> str:
+    """After a local chain: the job states, the success table and where to look next."""
+
+    lines = [status_report(run_dir).rstrip("\n")]
+    table = Path(run_dir) / TABLE_FILE
+    if table.is_file():
+        lines += ["", table.read_text().rstrip("\n"), "", f"summary: {Path(run_dir) / SUMMARY_FILE}"]
+    info = RunInfo.load(run_dir)
+    if info.mlflow_run_id:
+        from embodyhpc.config.load import load_resolved
+        from embodyhpc.tracking.mlflow_run import tracking_uri, ui_hint
+
+        config = load_resolved(run_dir)
+        lines.append(f"MLflow run {info.mlflow_run_id}: {ui_hint(tracking_uri(config.tracking, config.job.runs_root))}")
+    return "\n".join(lines)
+
+
+def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iterator[str]:
+    from embodyhpc.runlogs import follow as follow_logs
+    from embodyhpc.runlogs import log_files
+    from embodyhpc.slurm.status import read_states
+
+    info = RunInfo.load(run_dir)
+    if not follow:
+        for label, path in log_files(info, kind):
+            yield f"===== {label}: {path}"
+            try:
+                text = path.read_text(errors="replace")
+            except OSError as exc:  # one unreadable log costs its own lines, not the others'
+                yield f"(unreadable: {exc.strerror or exc})"
+                continue
+            yield from text.splitlines()
+        return
+
+    lost: list[str] = []  # why Slurm stopped answering, if it did
+
+    def done() -> bool:
+        (states,), from_disk = read_states([RunInfo.load(run_dir)])
+        if from_disk is not None and info.backend == "slurm":  # no telling when the job ends: print what is there
+            lost.append(from_disk)
+            return True
+        return all(s.finished for s in states if kind is None or s.kind == kind)
+
+    yield from follow_logs(lambda: log_files(RunInfo.load(run_dir), kind), done)
+    if lost:
+        from embodyhpc.errors import SlurmError
+
+        raise SlurmError(f"stopped following: sacct failed ({lost[0]}), so the jobs' states are unknown; "
+                         f"run `embodyhpc logs {run_dir} -f` again once Slurm answers")
