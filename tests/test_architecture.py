@@ -182,11 +182,7 @@ NAME_OWNERS = {
                             "history.jsonl", "smoke.json", "smoke-request.json", "checkpoints", "exports", "evals",
                             "submitit", "scripts"},
 }
-NOT_YET_MOVED = {
-    # eval/trained.py is being reshaped into the model plug-ins (issue 15 item 3, wt/models); its POLICY_IO_FILE
-    # becomes rundir.POLICY_IO_FILE there
-    ("embodyhpc/eval/trained.py", "policy_io.json"),
-}
+NOT_YET_MOVED: set[tuple[str, str]] = set()
 
 
 def _code_strings(tree: ast.AST) -> list[ast.Constant]:

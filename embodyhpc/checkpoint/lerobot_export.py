@@ -24,9 +24,10 @@ from typing import Any
 from embodyhpc.checkpoint.export import load_exported
 from embodyhpc.checkpoint.integrity import CONFIG_FILE
 from embodyhpc.errors import UserError
+from embodyhpc.rundir import POLICY_IO_FILE
 
 LEROBOT_PREFIX = "model."
-WEIGHTS, CONFIG_JSON, POLICY_IO = "model.safetensors", "config.json", "policy_io.json"
+WEIGHTS, CONFIG_JSON = "model.safetensors", "config.json"  # LeRobot's policy folder
 VARIANTS = {"full": ("gemma_2b", "gemma_300m")}
 
 
@@ -75,7 +76,7 @@ def export_lerobot(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
         raise UserError(f"{export_dir}: model.state_input={config.model.state_input} adds a state projection that "
                         "pi0.5's published layout (and LeRobot's PI05Policy) has no place for", key="model.state_input",
                         fix="export a model trained with model.state_input=prompt")
-    io_file = export_dir / POLICY_IO
+    io_file = export_dir / POLICY_IO_FILE
     policy_io = json.loads(io_file.read_text()) if io_file.is_file() else {}
     check_fits({k: (v.dtype, v.shape) for k, v in state.items()}, config.model, config.precision,
                where=str(export_dir), built_with=str(export_dir / CONFIG_FILE))

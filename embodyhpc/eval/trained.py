@@ -20,8 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-POLICY_IO_FILE = "policy_io.json"
-"""Written by the training job into the export: the dataset's real action dims, cameras and state key."""
+from embodyhpc.rundir import POLICY_IO_FILE  # the dataset's real action dims, cameras and state key
 
 
 def inference_placement(gpus_per_task: int) -> tuple[str, Any]:
