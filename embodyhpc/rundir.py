@@ -25,7 +25,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -333,10 +333,17 @@ def _fsync(path: Path, flags: int) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, data: Any, *, durable: bool = False) -> None:
+def write_json_atomic(path: Path, data: Any, *, durable: bool = False, indent: int | None = 2) -> None:
     """Every JSON file of a run is written this way: readers (status, the report job) never see a half-written
-    file."""
-    replace_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"), durable=durable)
+    file. indent=None writes compact JSON (large files such as a staging manifest)."""
+    text = json.dumps(data, indent=indent) if indent else json.dumps(data, separators=(",", ":"))
+    replace_atomically(path, lambda tmp: tmp.write_text(text + "\n"), durable=durable)
+
+
+def write_jsonl_atomic(path: Path, records: Iterable[Any], *, durable: bool = False) -> None:
+    """A JSON-lines file (one record per line, e.g. an evaluation shard), whole or not at all."""
+    text = "".join(json.dumps(record) + "\n" for record in records)
+    replace_atomically(path, lambda tmp: tmp.write_text(text), durable=durable)
 
 
 def new_run_dir(runs_root: str, experiment: str, name: str) -> Path:

@@ -25,7 +25,6 @@ Cameras cost most of an episode on CPU. A policy that says whether its next `act
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -38,6 +37,7 @@ import numpy as np
 from embodyhpc.eval.policies import Policy
 from embodyhpc.eval.shards import Episode
 from embodyhpc.eval.suites import EvalEnv, Suite, episode_seed
+from embodyhpc.rundir import write_jsonl_atomic
 
 RECORD_FIELDS = frozenset({"policy", "task", "seed", "episode", "success", "return", "length", "success_step",
                            "wall_s", "video"})
@@ -190,30 +190,25 @@ def run_shard(suite: Suite, episodes: Sequence[Episode], policy: Policy, out_jso
     check_shard_args(videos_per_task, extra)
     out = Path(out_jsonl)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
     summary = ShardSummary(out=out, policy=policy_name)
     start = time.perf_counter()
-    with tmp.open("w") as f:
-        for episode in shard_order(episodes):
-            video = episode_video(video_dir, policy_name, episode, videos_per_task)
-            env = suite.make_env(episode.task, episode.seed, episode.episode)
-            try:
-                limit = max_steps or suite.max_steps(episode.task)
-                record = run_episode(env, policy, episode, max_steps=limit, video=video,
-                                     stop_on_success=stop_on_success)
-            finally:
-                env.close()
-            record = {"policy": policy_name, **record, "video": video_name(policy_name, episode) if video else None,
-                      **(extra or {})}
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            summary.episodes += 1
-            summary.successes += int(record["success"])
-            summary.steps += record["length"]
-            if video:
-                summary.videos.append(video)
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
+    records = []
+    for episode in shard_order(episodes):
+        video = episode_video(video_dir, policy_name, episode, videos_per_task)
+        env = suite.make_env(episode.task, episode.seed, episode.episode)
+        try:
+            limit = max_steps or suite.max_steps(episode.task)
+            record = run_episode(env, policy, episode, max_steps=limit, video=video, stop_on_success=stop_on_success)
+        finally:
+            env.close()
+        records.append({"policy": policy_name, **record,
+                        "video": video_name(policy_name, episode) if video else None, **(extra or {})})
+        summary.episodes += 1
+        summary.successes += int(record["success"])
+        summary.steps += record["length"]
+        if video:
+            summary.videos.append(video)
+    write_jsonl_atomic(out, records, durable=True)  # a shard file exists only when complete
     summary.wall_s = time.perf_counter() - start
     return summary
 

@@ -28,7 +28,6 @@ neighbours running alongside.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import time
@@ -52,6 +51,7 @@ from embodyhpc.eval.rollout import (
 )
 from embodyhpc.eval.shards import Episode
 from embodyhpc.eval.suites import Obs, Suite, episode_seed, suite_factory
+from embodyhpc.rundir import write_jsonl_atomic
 
 WORKER_CLOSE_TIMEOUT_S = 30.0
 WORKER_THREAD_VARS = ("LP_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -297,13 +297,7 @@ def run_shard_vector(spec: SuiteSpec, episodes: Sequence[Episode], policy: Batch
                 if done_episode.video:
                     summary.videos.append(done_episode.video)
             start_next(finished)
-    tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("w") as f:
-        for index in sorted(records):
-            f.write(json.dumps(records[index]) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
+    write_jsonl_atomic(out, [records[index] for index in sorted(records)], durable=True)
     summary.wall_s = time.perf_counter() - start
     return summary
 

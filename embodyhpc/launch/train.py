@@ -34,7 +34,14 @@ from typing import Any
 from embodyhpc.config.load import load_resolved
 from embodyhpc.config.schema import CheckpointConfig, Config, DataConfig, StagingConfig, TrainConfig
 from embodyhpc.launch import distributed, observe
-from embodyhpc.rundir import ATTEMPTS_FILE, CHECKPOINTS_DIR, RESULT_FILE, SPINE_STATE_FILE, write_json_atomic
+from embodyhpc.rundir import (
+    ATTEMPTS_FILE,
+    CHECKPOINTS_DIR,
+    RESULT_FILE,
+    SPINE_STATE_FILE,
+    replace_atomically,
+    write_json_atomic,
+)
 from embodyhpc.train.preempt import Requeued, Stopped, StopSignal
 
 _DIM = 16
@@ -277,9 +284,8 @@ def _spine_loop(dist_env: distributed.DistEnv, train: TrainConfig, ckpt: Checkpo
         if stopped_by is not None:
             stopped_at = step + 1
         if rank == 0 and (stopped_by is not None or (step + 1) % ckpt.every_steps == 0):
-            tmp = state_path.with_suffix(".tmp")
-            torch.save({"step": step + 1, "weights": weights}, tmp)
-            os.replace(tmp, state_path)
+            state = {"step": step + 1, "weights": weights}
+            replace_atomically(state_path, lambda tmp, state=state: torch.save(state, tmp))
         if stopped_by is not None:
             print(f"rank {rank}: {stopped_by} received, stopping at step {stopped_at}", flush=True)
             dist.barrier()  # no rank leaves (and rank 0 requeues only) once the state file is in place

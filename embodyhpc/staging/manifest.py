@@ -43,7 +43,6 @@ import ctypes
 import ctypes.util
 import json
 import os
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +50,7 @@ from typing import Any
 
 import xxhash
 
+from embodyhpc.rundir import write_json_atomic
 from embodyhpc.staging.errors import StagingError
 
 CONTROL_PREFIX = ".embodyhpc-stage"
@@ -175,30 +175,9 @@ def load_manifest(dest: Path) -> Manifest | None:
 
 
 def write_manifest(dest: Path, manifest: Manifest) -> None:
-    write_json_atomic(manifest_path(dest), manifest.to_json())
+    write_json_atomic(manifest_path(dest), manifest.to_json(), durable=True, indent=None)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that readers see the old file or the whole new one, never a torn one."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    try:
-        with open(tmp, "w") as f:
-            f.write(json.dumps(data, separators=(",", ":")))  # dumps has the C encoder; dump does not
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _libc: Any = None

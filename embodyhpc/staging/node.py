@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
+from embodyhpc.rundir import write_json_atomic
 from embodyhpc.staging.errors import NodeStagingError, StageInputError
-from embodyhpc.staging.manifest import CONTROL_PREFIX, write_json_atomic
+from embodyhpc.staging.manifest import CONTROL_PREFIX
 from embodyhpc.staging.stage import StageResult, stage
 
 MARKERS_DIR = CONTROL_PREFIX + ".markers"
@@ -83,18 +84,19 @@ def _copy(src: str | os.PathLike, dest: str | os.PathLike, markers: Path, runnin
     markers.mkdir(parents=True, exist_ok=True)
     for path in (done, failed):
         path.unlink(missing_ok=True)
-    write_json_atomic(running, {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()})
+    write_json_atomic(running, {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()},
+                      durable=True)
     heartbeat = _Heartbeat(running, interval_s=min(5.0, stale_s / 4))
     marked = False
     try:
         result = stage(src, dest, **options)
-        write_json_atomic(done, {"result": asdict(result)})
+        write_json_atomic(done, {"result": asdict(result)}, durable=True)
         marked = True
     except BaseException as exc:
         reason = exc.one_line() if hasattr(exc, "one_line") else f"{type(exc).__name__}: {exc}"
         try:
             write_json_atomic(failed, {"reason": " ".join(reason.split()), "host": socket.gethostname(),
-                                       "pid": os.getpid()})
+                                       "pid": os.getpid()}, durable=True)
             marked = True
         except OSError:
             pass  # the waiters notice the heartbeat stop instead
