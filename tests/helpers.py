@@ -94,3 +94,13 @@ def require(module: str, extra: str):
             pytest.fail(f"{reason} — CI installs the [{extra}] extra, so this is a failure, not a skip",
                         pytrace=False)
         pytest.skip(reason, allow_module_level=True)
+
+
+def one_line_error(result, *fragments: str) -> str:
+    """A CLI refusal (tests/conftest.py `cli`): exit 2, one `error:` line holding every fragment; returns the line."""
+    assert result.code == 2, (result.code, result.out, result.err)
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]

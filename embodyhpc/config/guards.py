@@ -41,11 +41,12 @@ def looks_secret(name: str) -> bool:
     return bool(words) and (any(w in _SECRET_WORDS for w in words) or words[-1] in _SECRET_LAST_WORDS)
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """{dotted key: leaf value} of nested mappings (an empty mapping is a leaf)."""
     if isinstance(data, dict) and data:
         out: dict[str, Any] = {}
         for key, value in data.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}."))
         return out
     return {prefix.rstrip("."): data}
 
@@ -70,7 +71,7 @@ def strip_site_only(data: dict[str, Any]) -> dict[str, Any]:
 
 def check_layer(data: dict[str, Any], where: str, *, is_site: bool) -> None:
     """Refuse site-only keys outside a site profile, and secrets read into the recipe from the environment."""
-    for key, value in _flatten(data).items():
+    for key, value in flatten(data).items():
         if not is_site and value not in (None, "", [], {}):
             only = next((p for p in SITE_ONLY_KEYS if key == p or key.startswith(p + ".")), None)
             section = next((p for p in _ENV_SECTIONS if key.startswith(p)), None)
@@ -95,7 +96,7 @@ def check_layer(data: dict[str, Any], where: str, *, is_site: bool) -> None:
 
 def check_interpolation_size(combined: dict[str, Any], where_of: Any) -> None:
     """Bound what `${...}` expands to before OmegaConf resolves it. `where_of(key)` names the layer."""
-    flat = _flatten(combined)
+    flat = flatten(combined)
     memo: dict[str, int] = {}
     active: set[str] = set()
 

@@ -177,17 +177,8 @@ def _check_keys(data: dict[str, Any], cls: type, prefix: str, where: str) -> Non
             _check_keys(value, hint, f"{dotted}.", where)
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict) and data:
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): data}
-
-
 def _check_site_keys(data: dict[str, Any], where: str) -> None:
-    for key in _flatten(data):
+    for key in guards.flatten(data):
         if not any(key == allowed or key.startswith(allowed + ".") for allowed in SITE_KEYS):
             raise ConfigError("a site profile may only set cluster keys", where=where, key=key,
                               fix=f"move it to the recipe; site keys: {', '.join(SITE_KEYS)}")
@@ -195,7 +186,7 @@ def _check_site_keys(data: dict[str, Any], where: str) -> None:
 
 def _check_text(combined: dict[str, Any], provenance: dict[str, str]) -> None:
     """Recipe text reaches sbatch scripts: no newlines or control characters anywhere."""
-    for key, value in _flatten(combined).items():
+    for key, value in guards.flatten(combined).items():
         values = value if isinstance(value, list) else [value]
         for item in values:
             if isinstance(item, str) and any(ord(c) < 32 or ord(c) == 127 for c in item):
@@ -297,10 +288,10 @@ def _merge(layers: list[Layer]) -> tuple[dict[str, Any], dict[str, str], set[str
     for layer in layers:
         _check_keys(layer.data, Config, "", layer.where)
         _deep_merge(combined, layer.data)
-        for key in (*_flatten(layer.data), *layer.keys):
+        for key in (*guards.flatten(layer.data), *layer.keys):
             provenance[key] = layer.where
-    missing = {key for key, value in _flatten(combined).items() if value == "???"}
-    if any(isinstance(v, str) and "${" in v for v in _flatten(combined).values()):
+    missing = {key for key, value in guards.flatten(combined).items() if value == "???"}
+    if any(isinstance(v, str) and "${" in v for v in guards.flatten(combined).values()):
         guards.check_interpolation_size(combined, lambda key: _where(key, provenance))
         combined = _interpolate(combined, provenance)
     return combined, provenance, missing

@@ -13,18 +13,15 @@ import pytest
 import yaml
 
 import embodyhpc
+from tests.helpers import one_line_error
 
 DEMO = "smoke_cpu"
 CODE_ROOT = Path(embodyhpc.__file__).resolve().parents[1]
 
 
 def _assert_rejected(result, *fragments: str) -> str:
-    assert result.code == 2, (result.code, result.out, result.err)
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    return lines[0]
+    line = one_line_error(result, *fragments)
+    return line
 
 
 # ---------------------------------------------------------------- evaluation tasks

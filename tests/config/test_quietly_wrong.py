@@ -6,17 +6,15 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from tests.helpers import one_line_error
+
 DEMO = "smoke_cpu"
 
 
 def _assert_rejected(result, *fragments: str) -> str:
-    assert result.code == 2, (result.code, result.out, result.err)
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
+    line = one_line_error(result, *fragments)
     assert result.out == ""
-    return lines[0]
+    return line
 
 
 # ---------------------------------------------------------------- class 10: numbers

@@ -15,19 +15,16 @@ import yaml
 
 from embodyhpc.config.guards import looks_secret
 from embodyhpc.config.load import load_recipe
+from tests.helpers import one_line_error
 
 DEMO = "smoke_cpu"
 VALUE = "hf_sekrit_value_0123456789"
 
 
 def _assert_rejected(result, *fragments: str) -> str:
-    assert result.code == 2, (result.code, result.out, result.err)
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
+    line = one_line_error(result, *fragments)
     assert VALUE not in result.out + result.err
-    return lines[0]
+    return line
 
 
 def _site(tmp_path, data: dict):

@@ -13,18 +13,15 @@ import yaml
 
 from embodyhpc.config.load import load_recipe, shipped_recipes, shipped_sites
 from embodyhpc.slurm.render import JOB_KINDS, render_job, template_env
+from tests.helpers import one_line_error
 
 DEMO = "smoke_cpu"
 SECRET = "hunter2-SECRETHASH"
 
 
 def _assert_rejected(result, *fragments: str) -> str:
-    assert result.code == 2, (result.code, result.out, result.err)
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    return lines[0]
+    line = one_line_error(result, *fragments)
+    return line
 
 
 def _site_with_templates(tmp_path: Path, body: str, name: str = "train.sbatch.j2") -> Path:
