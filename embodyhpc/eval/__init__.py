@@ -2,7 +2,7 @@
 
     shards     plan_shards / all_episodes: the (task, seed, episode) grid split into array shards
     suites     make_suite(name, tasks, cameras=, image_size=) -> Suite; register_suite for a site's simulator
-    policies   Policy protocol (reset(task, seed), act(obs)); ExpertPolicy, RandomPolicy, reference_policies
+    policies   Policy protocol (reset(task, seed), act(obs)); ExpertPolicy, RandomPolicy
     references the reference-policy registry (eval.reference_policies, data synth --policy)
     trained    load_trained_policy(export): any model's exported weights -> its spec's inference
     rollout    run_episode, run_shard (one JSONL record per episode, written atomically; mp4 videos)

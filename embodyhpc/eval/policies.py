@@ -6,7 +6,7 @@
 Reference rows in every report (so a success rate can be read against the floor and the ceiling):
 - ExpertPolicy: the suite's scripted experts (`suite.expert_policy(task)`: MetaWorld's metaworld.policies, which
   read "observation.environment_state"; each gets a copy, as some experts edit the array they are given).
-  Suites without an expert (pusht) say so with `has_expert = False`; `reference_policies` then leaves it out.
+  Suites without an expert (pusht) say so with `has_expert = False`; eval/references.py then leaves it out.
 - RandomPolicy: uniform in the action bounds, seeded per episode (the same episode, the same actions).
 """
 
@@ -68,13 +68,4 @@ class RandomPolicy:
         return self._low + self._span * self._rng.random(self._low.shape, dtype=np.float32)
 
 
-def reference_policies(suite: Suite) -> dict[str, Policy]:
-    """{"expert": ..., "random": ...}, the expert only where the suite has one."""
-    policies: dict[str, Policy] = {}
-    if suite.has_expert:
-        policies["expert"] = ExpertPolicy(suite)
-    policies["random"] = RandomPolicy(suite)
-    return policies
-
-
-__all__ = ["ExpertPolicy", "Policy", "RandomPolicy", "reference_policies"]
+__all__ = ["ExpertPolicy", "Policy", "RandomPolicy"]

@@ -13,7 +13,8 @@ from tests.helpers import require
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is imported: CPU rendering through Mesa's llvmpipe
 
-from embodyhpc.eval.policies import RandomPolicy, reference_policies  # noqa: E402
+from embodyhpc.eval.policies import RandomPolicy  # noqa: E402
+from embodyhpc.eval.references import make_reference_policies, reference_policy_names  # noqa: E402
 from embodyhpc.eval.suites import episode_seed, make_suite  # noqa: E402
 
 SUITES = {"pusht": ("gym_pusht", "sim", "pusht"), "metaworld": ("metaworld", "sim", "reach-v3"),
@@ -31,7 +32,7 @@ def suite_task(request):
 
 
 def actions(suite, task, seed, n=NUM_ACTIONS):
-    policy = reference_policies(suite)["random"]
+    policy = make_reference_policies(reference_policy_names(), suite)["random"]
     assert isinstance(policy, RandomPolicy)
     policy.reset(task, seed)
     return np.stack([policy.act({}) for _ in range(n)])

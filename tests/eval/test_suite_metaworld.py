@@ -12,7 +12,8 @@ from tests.helpers import require
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is imported: CPU rendering through Mesa's llvmpipe
 
-from embodyhpc.eval.policies import ExpertPolicy, RandomPolicy, reference_policies  # noqa: E402
+from embodyhpc.eval.policies import ExpertPolicy, RandomPolicy  # noqa: E402
+from embodyhpc.eval.references import make_reference_policies, reference_policy_names  # noqa: E402
 from embodyhpc.eval.rollout import run_episode  # noqa: E402
 from embodyhpc.eval.shards import Episode  # noqa: E402
 from embodyhpc.eval.suites import EvalEnv, Suite, make_suite  # noqa: E402
@@ -67,7 +68,7 @@ def test_same_episode_same_initial_state_as_the_demo_generator(state_suite):
 
 def test_expert_succeeds_and_random_rarely_does(state_suite):
     outcomes = {}
-    for name, policy in reference_policies(state_suite).items():
+    for name, policy in make_reference_policies(reference_policy_names(), state_suite).items():
         records = []
         for e in range(5):
             env = state_suite.make_env(TASK, 100, e)

@@ -11,7 +11,8 @@ from tests.helpers import require
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is imported: CPU rendering through Mesa's llvmpipe
 
-from embodyhpc.eval.policies import ExpertPolicy, RandomPolicy, reference_policies  # noqa: E402
+from embodyhpc.eval.policies import ExpertPolicy, RandomPolicy  # noqa: E402
+from embodyhpc.eval.references import make_reference_policies, reference_policy_names  # noqa: E402
 from embodyhpc.eval.rollout import run_episode  # noqa: E402
 from embodyhpc.eval.shards import Episode  # noqa: E402
 from embodyhpc.eval.suite_pusht import MAX_STEPS  # noqa: E402
@@ -24,7 +25,8 @@ def test_pusht_reset_step_and_random_episode():
     with pytest.raises(ValueError, match="no scripted expert"):
         ExpertPolicy(make_suite("pusht", ["pusht"]))
     suite = make_suite("pusht", ["pusht"], cameras=["top"], image_size=64)
-    assert suite.tasks == ["pusht"] and not suite.has_expert and list(reference_policies(suite)) == ["random"]
+    assert suite.tasks == ["pusht"] and not suite.has_expert
+    assert list(make_reference_policies(reference_policy_names(), suite)) == ["random"]
     env = suite.make_env("pusht", 0, 2)
     obs = env.reset()
     shapes = {k: (v.dtype, v.shape) for k, v in obs.items() if k != "task"}
