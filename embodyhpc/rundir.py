@@ -333,6 +333,13 @@ def _fsync(path: Path, flags: int) -> None:
         os.close(fd)
 
 
+def read_policy_io(folder: Path) -> dict[str, Any]:
+    """What the training job recorded next to the weights (POLICY_IO_FILE: the dataset's cameras, image size, state
+    key, real action dims, fps); {} when there is none."""
+    path = Path(folder) / POLICY_IO_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def write_json_atomic(path: Path, data: Any, *, durable: bool = False, indent: int | None = 2) -> None:
     """Every JSON file of a run is written this way: readers (status, the report job) never see a half-written
     file. indent=None writes compact JSON (large files such as a staging manifest)."""

@@ -170,11 +170,11 @@ def load_exported(out_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
 
 
 def check_fits(entries: dict[str, tuple[torch.dtype, torch.Size]], model_config: Any, precision: Any = None, *,
-               where: str, built_with: str) -> None:
+               where: str, built_with: str) -> torch.nn.Module:
     """Refuse weights ({name: (dtype, shape)}) that do not fit the model `model_config` builds: a name missing or
     extra, a shape that differs (another model size, action_dim, ...), or an integer or bool tensor where the model
     holds floats (and back). Floating dtypes may differ (a bf16 export of fp32 training loads into fp32). Builds
-    the model on the meta device: no memory, no weights."""
+    the model on the meta device (no memory, no weights) and returns it."""
     from embodyhpc.models import build_model
 
     with torch.device("meta"):
@@ -201,3 +201,18 @@ def check_fits(entries: dict[str, tuple[torch.dtype, torch.Size]], model_config:
         raise NotACheckpointError(f"the weights do not fit the model {built_with} builds (model.size="
                                   f"{getattr(model_config, 'size', '?')}): {'; '.join(problems)}", where=where,
                                   fix="evaluate with the recipe the weights were trained with")
+    return model
+
+
+def load_checked_export(export_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], Any, torch.nn.Module]:
+    """An export's weights (checked against export.json's size and sha256), its summary, the recipe it was trained
+    with (config.yaml), and the model that recipe builds, on the meta device, once the weights are checked to fit it
+    (check_fits): what evaluation and conversions start from."""
+    from embodyhpc.config.load import load_config_file
+
+    export_dir = Path(export_dir)
+    weights, summary = load_exported(export_dir)
+    config = load_config_file(export_dir / CONFIG_FILE)
+    meta = check_fits({k: (v.dtype, v.shape) for k, v in weights.items()}, config.model, config.precision,
+                      where=str(export_dir), built_with=str(export_dir / CONFIG_FILE))
+    return weights, summary, config, meta

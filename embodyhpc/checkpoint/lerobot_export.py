@@ -21,10 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from embodyhpc.checkpoint.export import load_exported
-from embodyhpc.checkpoint.integrity import CONFIG_FILE
 from embodyhpc.errors import UserError
-from embodyhpc.rundir import POLICY_IO_FILE
+from embodyhpc.rundir import read_policy_io
 
 LEROBOT_PREFIX = "model."
 WEIGHTS, CONFIG_JSON = "model.safetensors", "config.json"  # LeRobot's policy folder
@@ -59,16 +57,13 @@ def export_lerobot(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     import torch
     from safetensors.torch import save_file
 
-    from embodyhpc.checkpoint.export import check_fits
-    from embodyhpc.config.load import load_config_file
-    from embodyhpc.models import build_model
+    from embodyhpc.checkpoint.export import load_checked_export
     from embodyhpc.models.pi05.weights import to_published
 
     export_dir, out_dir = Path(export_dir), Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"{out_dir} exists and is not empty", key="--out", fix="pick a new folder")
-    state, _ = load_exported(export_dir)  # checks size and hash against export.json
-    config = load_config_file(export_dir / CONFIG_FILE)
+    state, _, config, meta = load_checked_export(export_dir)
     if config.model.name != "pi05":
         raise UserError(f"{export_dir} holds a {config.model.name} model; LeRobot's layout here is pi0.5's",
                         key="model.name")
@@ -76,12 +71,8 @@ def export_lerobot(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
         raise UserError(f"{export_dir}: model.state_input={config.model.state_input} adds a state projection that "
                         "pi0.5's published layout (and LeRobot's PI05Policy) has no place for", key="model.state_input",
                         fix="export a model trained with model.state_input=prompt")
-    io_file = export_dir / POLICY_IO_FILE
-    policy_io = json.loads(io_file.read_text()) if io_file.is_file() else {}
-    check_fits({k: (v.dtype, v.shape) for k, v in state.items()}, config.model, config.precision,
-               where=str(export_dir), built_with=str(export_dir / CONFIG_FILE))
-    with torch.device("meta"):
-        shape = build_model(config.model, config.precision).shape
+    policy_io = read_policy_io(export_dir)
+    shape = meta.shape
     dtypes = {v.dtype for v in state.values() if v.is_floating_point()}
     published = to_published(state, shape, placeholders=True)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from embodyhpc.rundir import POLICY_IO_FILE  # the dataset's real action dims, cameras and state key
+from embodyhpc.rundir import read_policy_io
 
 
 def inference_placement(gpus_per_task: int) -> tuple[str, Any]:
@@ -44,18 +44,14 @@ def load_trained_policy(export_dir: str | os.PathLike, *, execute_steps: int, de
     step."""
     import torch
 
-    from embodyhpc.checkpoint.export import CONFIG_FILE, check_fits, load_exported
-    from embodyhpc.config.load import load_config_file
+    from embodyhpc.checkpoint.export import load_checked_export
     from embodyhpc.data.normalize import StateNormalizer
     from embodyhpc.models import build_model, model_spec
 
     if threads:
         torch.set_num_threads(threads)
     export_dir = Path(export_dir)
-    weights, summary = load_exported(export_dir)  # checked against export.json's size and sha256
-    config = load_config_file(export_dir / CONFIG_FILE)
-    check_fits({k: (v.dtype, v.shape) for k, v in weights.items()}, config.model, config.precision,
-               where=str(export_dir), built_with=str(export_dir / CONFIG_FILE))
+    weights, summary, config, _ = load_checked_export(export_dir)
     model = build_model(config.model, config.precision)
     model.load_state_dict(weights, strict=True)
     device, dtype = inference_placement(gpus)
@@ -67,11 +63,3 @@ def load_trained_policy(export_dir: str | os.PathLike, *, execute_steps: int, de
                     num_action_dims=dims)
     policy.step = summary.get("step")
     return policy
-
-
-def read_policy_io(export_dir: Path) -> dict[str, Any]:
-    """What the training job recorded about the dataset next to the weights (POLICY_IO_FILE)."""
-    import json
-
-    path = export_dir / POLICY_IO_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}

@@ -91,7 +91,8 @@ def _run(run: Path, shard: int) -> dict[str, Any]:
     weights = weights_dir(config, run)
     step = None
     if weights is not None:
-        from embodyhpc.eval.trained import load_trained_policy, read_policy_io
+        from embodyhpc.eval.trained import load_trained_policy
+        from embodyhpc.rundir import read_policy_io
 
         io = read_policy_io(weights)
         cameras, image_size = io.get("cameras", []), io.get("image_size") or image_size  # None: state only
