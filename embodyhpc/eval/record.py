@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from embodyhpc.eval.policies import Policy
+from embodyhpc.eval.rollout import run_episode
 from embodyhpc.eval.shards import Episode
-from embodyhpc.eval.suites import Suite, episode_seed
+from embodyhpc.eval.suites import Suite
 
 
 @dataclass
@@ -71,23 +72,19 @@ def record_episodes(suite: Suite, episodes: Sequence[Episode], policy: Policy, o
     recorded = successes = frames_total = 0
     with LeRobotWriter(out, fps=fps, features=features, overwrite=overwrite) as writer:
         for episode in episodes:
+            frames: dict[str, list[Any]] = {k: [] for k in features}
+
+            def keep(obs: Any, action: np.ndarray, reward: float, step_success: bool, frames=frames) -> None:
+                for key in observed:
+                    frames[key].append(obs[key])
+                frames["action"].append(np.asarray(action, dtype=np.float32))
+                frames["next.reward"].append(reward)
+                frames["next.success"].append(step_success)
+
             env = suite.make_env(episode.task, episode.seed, episode.episode)
             try:
-                policy.reset(episode.task, episode_seed(episode.task, episode.seed, episode.episode))
-                obs = env.reset()
-                frames: dict[str, list[Any]] = {k: [] for k in features}
-                success = False
-                for _ in range(max_steps or suite.max_steps(episode.task)):
-                    action = np.asarray(policy.act(obs), dtype=np.float32)
-                    for key in observed:
-                        frames[key].append(obs[key])
-                    frames["action"].append(action)
-                    obs, reward, step_success, done = env.step(action)
-                    frames["next.reward"].append(reward)
-                    frames["next.success"].append(step_success)
-                    success = success or step_success
-                    if done or (step_success and stop_on_success):
-                        break
+                success = run_episode(env, policy, episode, max_steps=max_steps or suite.max_steps(episode.task),
+                                      stop_on_success=stop_on_success, on_step=keep)["success"]
             finally:
                 env.close()
             if not (success or keep_failed):

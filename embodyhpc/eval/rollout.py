@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ import numpy as np
 
 from embodyhpc.eval.policies import Policy
 from embodyhpc.eval.shards import Episode
-from embodyhpc.eval.suites import EvalEnv, Suite, episode_seed
+from embodyhpc.eval.suites import EvalEnv, Obs, Suite, episode_seed
 from embodyhpc.rundir import write_jsonl_atomic
 
 RECORD_FIELDS = frozenset({"policy", "task", "seed", "episode", "success", "return", "length", "success_step",
@@ -82,8 +82,11 @@ class EpisodeVideo:
 
 
 def run_episode(env: EvalEnv, policy: Policy, episode: Episode, *, max_steps: int, video: Path | None = None,
-                stop_on_success: bool = True) -> dict[str, Any]:
-    """Roll `policy` out from `env.reset()` for at most max_steps steps; the episode's record (see module doc)."""
+                stop_on_success: bool = True,
+                on_step: Callable[[Obs, np.ndarray, float, bool], None] | None = None) -> dict[str, Any]:
+    """Roll `policy` out from `env.reset()` for at most max_steps steps; the episode's record (see module doc).
+    on_step(observation, action, reward, success) sees every step (the observation the action was taken on, with
+    its cameras always rendered): what recording a dataset needs."""
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     start = time.perf_counter()
@@ -99,8 +102,11 @@ def run_episode(env: EvalEnv, policy: Policy, episode: Episode, *, max_steps: in
         for _ in range(max_steps):
             action = policy.act(obs)
             if observe is not None:
-                observe(reads is None or reads())
+                observe(reads is None or on_step is not None or reads())
+            before = obs
             obs, reward, success, done = env.step(action)
+            if on_step is not None:
+                on_step(before, action, reward, success)
             length += 1
             total += reward
             if recorder:
@@ -115,9 +121,22 @@ def run_episode(env: EvalEnv, policy: Policy, episode: Episode, *, max_steps: in
         if recorder:
             recorder.abort()
         raise
+    return episode_record(episode, total=total, length=length, success_step=success_step, start=start)
+
+
+def episode_record(episode: Episode, *, total: float, length: int, success_step: int | None,
+                   start: float) -> dict[str, Any]:
+    """An episode's record (see module doc) from its accounting; `start` is its perf_counter() start."""
     return {"task": episode.task, "seed": episode.seed, "episode": episode.episode,
             "success": success_step is not None, "return": total, "length": length, "success_step": success_step,
             "wall_s": time.perf_counter() - start}
+
+
+def shard_record(policy_name: str, episode: Episode, record: Mapping[str, Any], *, video: bool,
+                 extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The line a shard file holds for an episode: its policy, its record, its video's name, the extra fields."""
+    return {"policy": policy_name, **record, "video": video_name(policy_name, episode) if video else None,
+            **(extra or {})}
 
 
 @dataclass
@@ -201,8 +220,7 @@ def run_shard(suite: Suite, episodes: Sequence[Episode], policy: Policy, out_jso
             record = run_episode(env, policy, episode, max_steps=limit, video=video, stop_on_success=stop_on_success)
         finally:
             env.close()
-        records.append({"policy": policy_name, **record,
-                        "video": video_name(policy_name, episode) if video else None, **(extra or {})})
+        records.append(shard_record(policy_name, episode, record, video=video is not None, extra=extra))
         summary.episodes += 1
         summary.successes += int(record["success"])
         summary.steps += record["length"]
@@ -213,5 +231,5 @@ def run_shard(suite: Suite, episodes: Sequence[Episode], policy: Policy, out_jso
     return summary
 
 
-__all__ = ["RECORD_FIELDS", "EpisodeVideo", "ShardSummary", "check_shard_args", "episode_video", "run_episode",
-           "run_shard", "shard_order", "video_name"]
+__all__ = ["RECORD_FIELDS", "EpisodeVideo", "ShardSummary", "check_shard_args", "episode_record", "episode_video",
+           "run_episode", "run_shard", "shard_order", "shard_record", "video_name"]

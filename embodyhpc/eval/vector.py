@@ -45,9 +45,10 @@ from embodyhpc.eval.rollout import (
     EpisodeVideo,
     ShardSummary,
     check_shard_args,
+    episode_record,
     episode_video,
     shard_order,
-    video_name,
+    shard_record,
 )
 from embodyhpc.eval.shards import Episode
 from embodyhpc.eval.suites import Obs, Suite, episode_seed, suite_factory
@@ -303,11 +304,9 @@ def run_shard_vector(spec: SuiteSpec, episodes: Sequence[Episode], policy: Batch
 
 
 def _record(done: _Running, policy_name: str, video_dir: Any, extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    episode = done.episode
-    return {"policy": policy_name, "task": episode.task, "seed": episode.seed, "episode": episode.episode,
-            "success": done.success_step is not None, "return": done.total, "length": done.length,
-            "success_step": done.success_step, "wall_s": time.perf_counter() - done.start,
-            "video": video_name(policy_name, episode) if done.video else None, **(extra or {})}
+    record = episode_record(done.episode, total=done.total, length=done.length, success_step=done.success_step,
+                            start=done.start)
+    return shard_record(policy_name, done.episode, record, video=bool(done.video), extra=extra)
 
 
 __all__ = ["BatchPolicy", "EnvWorkers", "PerEnvPolicies", "SuiteSpec", "run_shard_vector"]
