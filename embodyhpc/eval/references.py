@@ -10,10 +10,11 @@ Importing this module imports no simulator and no numpy (validate reads the name
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from embodyhpc.plugins import import_name
 
 if TYPE_CHECKING:
     from embodyhpc.eval.policies import Policy
@@ -52,10 +53,7 @@ def make_reference_policy(name: str, suite: Suite) -> Policy:
     if not provides(name, suite):
         raise ValueError(f"the {suite.name} suite has no scripted expert")
     factory = entry.factory
-    if isinstance(factory, str):
-        module, _, attr = factory.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
-    return factory(suite)
+    return (import_name(factory) if isinstance(factory, str) else factory)(suite)
 
 
 def make_reference_policies(names: Sequence[str], suite: Suite) -> dict[str, Policy]:

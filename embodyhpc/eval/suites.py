@@ -49,6 +49,8 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from embodyhpc.plugins import entry_points, import_name
+
 if TYPE_CHECKING:  # numpy loads with a suite or a rollout: validate and render read names only
     import numpy as np
 
@@ -123,29 +125,21 @@ def register_suite(name: str, factory: SuiteFactory | str, *, replace: bool = Fa
     _REGISTRY[name] = factory
 
 
-def _entry_points() -> dict[str, Any]:
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
 def available_suites() -> list[str]:
     """Registered suite names and those declared as entry points (nothing is imported)."""
-    return sorted(set(_REGISTRY) | set(_entry_points()))
+    return sorted(set(_REGISTRY) | set(entry_points(ENTRY_POINT_GROUP)))
 
 
 def _resolve(name: str) -> SuiteFactory:
     factory = _REGISTRY.get(name)
     if factory is None:
-        entry = _entry_points().get(name)
+        entry = entry_points(ENTRY_POINT_GROUP).get(name)
         if entry is None:
             raise ValueError(f"unknown evaluation suite {name!r}; available: {', '.join(available_suites())} "
                              f"(sites add theirs with register_suite or a {ENTRY_POINT_GROUP!r} entry point)")
         return entry.load()
     if isinstance(factory, str):
-        module, _, attr = factory.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
-        _REGISTRY[name] = factory
+        factory = _REGISTRY[name] = import_name(factory)
     return factory
 
 

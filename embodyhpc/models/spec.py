@@ -25,12 +25,12 @@ keys and wrong types with the same one-line errors as every other key.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from embodyhpc.errors import ConfigError
+from embodyhpc.plugins import entry_points, import_name
 
 ENTRY_POINT_GROUP = "embodyhpc.models"
 
@@ -66,10 +66,7 @@ class ModelSpec:
     def load(self, field: str) -> Any:
         """The callable named by `field`, imported on first use."""
         target = getattr(self, field)
-        if isinstance(target, str):
-            module, _, attr = target.partition(":")
-            target = getattr(importlib.import_module(module), attr)
-        return target
+        return import_name(target) if isinstance(target, str) else target
 
     def parse_options(self, options: Mapping[str, Any]) -> Any:
         """model.options as the spec's dataclass (None without one); one-line ConfigError for a wrong key or type."""
@@ -101,22 +98,16 @@ def register_model(spec: ModelSpec) -> None:
     _REGISTRY[spec.name] = spec
 
 
-def _entry_points() -> dict[str, Any]:
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
 def available_models() -> list[str]:
     """Registered model names and those declared as entry points (nothing is imported)."""
-    return sorted(set(_REGISTRY) | set(_entry_points()))
+    return sorted(set(_REGISTRY) | set(entry_points(ENTRY_POINT_GROUP)))
 
 
 def model_spec(name: str) -> ModelSpec:
     """The spec of `model.name`; a one-line ConfigError naming the registered models for an unknown one."""
     spec = _REGISTRY.get(name)
     if spec is None:
-        entry = _entry_points().get(name)
+        entry = entry_points(ENTRY_POINT_GROUP).get(name)
         if entry is None:
             known = available_models()
             raise ConfigError(f"unknown model {name!r}; registered: {', '.join(known)}", key="model.name",
@@ -124,8 +115,7 @@ def model_spec(name: str) -> ModelSpec:
                                   f"{ENTRY_POINT_GROUP!r} entry point)")
         spec = entry.load()  # not cached: the installed entry points decide, as in a fresh process
     elif isinstance(spec, str):
-        module, _, attr = spec.partition(":")
-        spec = _REGISTRY[name] = getattr(importlib.import_module(module), attr)
+        spec = _REGISTRY[name] = import_name(spec)
     if not isinstance(spec, ModelSpec) or spec.name != name:
         raise ConfigError(f"the plug-in registered as {name!r} is not a ModelSpec named {name!r} "
                           f"(got {type(spec).__name__})", key="model.name")

@@ -10,12 +10,12 @@ A failed training (or export) cancels the evaluation array; the report still run
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.evaluate import evaluated_checkpoint
+from embodyhpc.plugins import import_name
 
 TASKS = {
     "train": "embodyhpc.launch.train:train_task",
@@ -77,5 +77,4 @@ def smoke_plan() -> list[JobSpec]:
 
 def resolve_task(name: str) -> Callable[..., object]:
     """The function a `module:function` name points to (imported now, in the process that starts the job)."""
-    module, _, function = name.partition(":")
-    return getattr(importlib.import_module(module), function)
+    return import_name(name)
