@@ -338,7 +338,7 @@ class EvalConfig:
         from embodyhpc.eval.suites import available_suites, suite_option_names
 
         checks.choice("eval.suite", self.suite, tuple(available_suites()))
-        allowed = suite_option_names(self.suite) if self.suite_options else []  # imports the suite's module
+        allowed = suite_option_names(self.suite) if self.suite_options else []
         for key in self.suite_options:
             if key not in allowed:
                 raise ConfigError(f"the {self.suite} suite has no option {key!r}", key=f"eval.suite_options.{key}",

@@ -36,6 +36,7 @@ EGL device is the GPU Slurm gave the task (`egl_device`).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -140,8 +141,10 @@ def expand_tasks(tasks: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(expanded))
 
 
+@functools.cache
 def _benchmark(benchmark: Any, bench: str) -> Any:
-    """libero's benchmark object (it prints its task order to stdout when made: kept out of our output)."""
+    """libero's benchmark object, made once per process (making one reads its task list and prints its task order
+    to stdout: kept out of our output)."""
     import contextlib
     import io
 
@@ -163,6 +166,7 @@ class LiberoEvalEnv:
         self.task, self.seed, self.episode = task, seed, episode
         self._suite = suite
         self._env, self._init_states = suite._task_env(task)
+        self._instruction = suite.instruction(task)
         self._observe = True
 
     def reset(self) -> Obs:
@@ -195,7 +199,7 @@ class LiberoEvalEnv:
                 obs[f"observation.images.{camera}"] = upright(sim.render(camera_name=CAMERAS[camera], width=size,
                                                                          height=size))
         obs["observation.state"] = libero_state(raw)
-        obs["task"] = self._suite.instruction(self.task)
+        obs["task"] = self._instruction
         return obs
 
     def render(self) -> np.ndarray:
