@@ -126,3 +126,11 @@ def test_a_fresh_run_fine_tunes_from_init_weights_and_a_resumed_one_ignores_them
     run_ranks(loop_workers.train_job, 2, str(run), 4, 2, {"init_weights": str(tmp_path / "gone.safetensors")},
               timeout_s=240)
     assert (run / "checkpoints" / "step-4").is_dir()
+
+
+def test_an_unsharded_tensor_is_read_whole() -> None:
+    """A single-process model (no DTensor) reads every row; a 0-d tensor has none to slice."""
+    from embodyhpc.checkpoint.sliced_weights import local_rows
+
+    assert local_rows(torch.zeros(5, 2)) == (0, 5)
+    assert local_rows(torch.tensor(1.0)) == (0, 0)
