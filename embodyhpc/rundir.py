@@ -13,6 +13,9 @@
         evals/step-N/       evaluations of checkpoints while training ran (eval.every_k_checkpoints): run
                             directories of their own (export -> eval -> report), with `parent_run` set
         smoke-request.json, smoke.json      `embodyhpc smoke --submit`: what was asked, what the job measured
+        attempts/N/         what attempt N (1: the submit) left behind when `embodyhpc resume` started attempt N+1:
+                            its resolved.yaml, scripts/, export/ and evaluation results (eval/shards, videos,
+                            report.*); run.json keeps its jobs under `attempts`
 
 This module is the only one that spells a name in that tree; everything else asks for it here. Every JSON file of
 a run is written through `write_json_atomic`.
@@ -34,9 +37,12 @@ from embodyhpc.errors import RunDirError
 from embodyhpc.slurm.commands import JOB_ID  # local backend: process ids, digits too
 
 RUN_JSON = "run.json"
-RUN_JSON_VERSION = 2
+RUN_JSON_VERSION = 3
 """The layout of run.json. 1: files written before it carried `schema_version`. Readers ignore keys they do not
-know, so a newer writer may add fields without a new version; a new version means a field changed meaning."""
+know, so a newer writer may add fields without a new version; a new version means a field changed meaning.
+3: `jobs`, `backend`, `site` and `python` describe the newest attempt (`embodyhpc resume` starts another); the
+earlier ones are under `attempts`. Versions 1 and 2 read as a run of one attempt. A writer that rewrites run.json
+(`resume`) refuses a newer version than its own: it would drop what it does not know."""
 RESOLVED_YAML = "resolved.yaml"
 SCRIPTS_DIR = "scripts"
 SUBMITIT_DIR = "submitit"
@@ -46,6 +52,7 @@ EXPORT_DIR = "export"
 EVAL_DIR = "eval"
 LOGS_DIR = "logs"
 EVALS_DIR = "evals"  # <run>/evals/step-N: evaluations while training (embodyhpc.launch.checkpoint_eval)
+ATTEMPTS_DIR = "attempts"  # <run>/attempts/N: what attempt N left behind when a resume started the next one
 SUBDIRS = (SCRIPTS_DIR, SUBMITIT_DIR, CHECKPOINTS_DIR, EVAL_DIR, LOGS_DIR)
 
 METRICS_FILE = f"{LOGS_DIR}/metrics.jsonl"
@@ -112,6 +119,19 @@ def requested_evals(run: Path) -> list[Path]:
     return [path for step, path in sorted((s, p) for s, p in found if s is not None)]
 
 
+def attempt_dir(run: Path, number: int) -> Path:
+    """Where attempt `number`'s resolved config, scripts, export and evaluation results go when a resume starts the
+    next attempt (embodyhpc.resume)."""
+    return Path(run) / ATTEMPTS_DIR / str(number)
+
+
+ATTEMPT_OUTPUTS = (RESOLVED_YAML, SCRIPTS_DIR, EXPORT_DIR, SHARDS_DIR, VIDEOS_DIR, REPORT_FILE, SUMMARY_FILE,
+                   TABLE_FILE)
+"""What one attempt writes that the next would overwrite or mix with its own (a report of 4 shards must not read a
+5th an earlier attempt left); a resume moves them under attempts/N. Checkpoints, logs/metrics.jsonl (cut back to the
+resumed step by its writer), eval/history.jsonl and evals/ belong to the run and stay."""
+
+
 def is_run_dir(path: Path) -> bool:
     return (Path(path) / RUN_JSON).is_file()
 
@@ -131,6 +151,22 @@ class JobRecord:
 
 
 @dataclass
+class Attempt:
+    """One earlier attempt of a run: the submit (number 1) or a resume, with the jobs it ran."""
+
+    number: int
+    created: str
+    backend: str
+    site: str | None
+    python: str
+    overrides: list[str]
+    """The key=value of the command that started it (submit: the run's overrides; resume: only its own)."""
+    resumed_from_step: int | None = None
+    """The checkpoint step it started from; None for the submit."""
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
+
+
+@dataclass
 class RunInfo:
     run_id: str
     run_dir: str
@@ -147,6 +183,33 @@ class RunInfo:
     collect this evaluation's numbers)."""
     schema_version: int = RUN_JSON_VERSION
     """The layout this run.json was read in (RUN_JSON_VERSION); saving writes the current one."""
+    attempt: int = 1
+    """The number of the newest attempt, which `jobs`, `backend`, `site` and `python` describe (1: the submit)."""
+    resumed_from_step: int | None = None
+    """The newest attempt's starting checkpoint step (None: it is the submit)."""
+    attempt_overrides: list[str] = field(default_factory=list)
+    """The key=value the `resume` that started the newest attempt was given ([] for the submit)."""
+    attempt_created: str | None = None
+    """When the newest attempt started (None: `created`, the submit)."""
+    attempts: list[Attempt] = field(default_factory=list)
+    """The earlier attempts, oldest first, each with its jobs."""
+
+    def all_attempts(self) -> list[Attempt]:
+        """Every attempt, oldest first, the newest made of this record's own fields."""
+        current = Attempt(number=self.attempt, created=self.attempt_created or self.created, backend=self.backend,
+                          site=self.site, python=self.python,
+                          overrides=list(self.attempt_overrides if self.attempt > 1 else self.overrides),
+                          resumed_from_step=self.resumed_from_step, jobs=self.jobs)
+        return [*self.attempts, current]
+
+    def start_attempt(self, *, backend: str, site: str | None, python: str, overrides: list[str],
+                      resumed_from_step: int, created: str) -> None:
+        """Move the newest attempt (with its jobs) to `attempts` and describe a new one with no jobs yet."""
+        self.attempts = self.all_attempts()
+        self.attempt += 1
+        self.jobs = {}
+        self.backend, self.site, self.python = backend, site, python
+        self.attempt_overrides, self.resumed_from_step, self.attempt_created = list(overrides), resumed_from_step, created
 
     def save(self) -> None:
         self.schema_version = RUN_JSON_VERSION
@@ -167,11 +230,20 @@ class RunInfo:
         data = _read_run_json(path)
         fields = _fields({k: v for k, v in data.items() if k != "jobs"}, _RUN_FIELDS, path, "")
         records = _checked(data, "jobs", dict, path)
-        if len(records) > MAX_JOBS:
-            raise _damaged(path, f"{len(records)} job records, more than a run of embodyhpc has", key="jobs")
-        jobs = {name: JobRecord(**_fields(record, _JOB_FIELDS, path, f"jobs.{name}"))
-                for name, record in records.items()}
-        info = cls(**{"schema_version": 1, **fields, "run_dir": str(folder)}, jobs=jobs)
+        jobs = _job_records(records, path, "jobs")
+        raw_attempts = data.get("attempts", [])
+        if not isinstance(raw_attempts, list):
+            raise _damaged(path, f"a {_json_type(raw_attempts)} where an array belongs", key="attempts")
+        if len(raw_attempts) > MAX_ATTEMPTS:
+            raise _damaged(path, f"{len(raw_attempts)} attempts, more than embodyhpc records", key="attempts")
+        attempts = []
+        for i, item in enumerate(raw_attempts):
+            where = f"attempts[{i}]"
+            if not isinstance(item, dict):
+                raise _damaged(path, f"a {_json_type(item)} where an object belongs", key=where)
+            found = _fields({k: v for k, v in item.items() if k != "jobs"}, _ATTEMPT_FIELDS, path, where)
+            attempts.append(Attempt(**found, jobs=_job_records(item.get("jobs", {}), path, f"{where}.jobs")))
+        info = cls(**{"schema_version": 1, **fields, "run_dir": str(folder)}, jobs=jobs, attempts=attempts)
         if info.parent_run is not None and folder.parent.name == EVALS_DIR:
             info.parent_run = str(folder.parent.parent)
         return info
@@ -179,6 +251,7 @@ class RunInfo:
 
 MAX_RUN_JSON_BYTES = 4 << 20  # embodyhpc writes a few KiB; more is not a run.json of ours
 MAX_JOBS = 64  # job records in one run.json: a chain has at most five (train or export, eval, report, smoke)
+MAX_ATTEMPTS = 1000  # attempts of one run (each a resume)
 _NO_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _FIX = "restore run.json from a backup, or submit the recipe again (run.json is written by `embodyhpc submit`)"
 
@@ -187,7 +260,13 @@ _RUN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "run_id": ((str,), True), "run_dir": ((str,), False), "backend": ((str,), True), "recipe": ((str,), True),
     "site": ((str, type(None)), True), "overrides": ((list,), True), "python": ((str,), True),
     "created": ((str,), True), "mlflow_run_id": ((str, type(None)), False), "parent_run": ((str, type(None)), False),
-    "schema_version": ((int,), False),
+    "schema_version": ((int,), False), "attempt": ((int,), False),
+    "resumed_from_step": ((int, type(None)), False), "attempt_overrides": ((list,), False),
+    "attempt_created": ((str, type(None)), False),
+}
+_ATTEMPT_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "number": ((int,), True), "created": ((str,), True), "backend": ((str,), True), "site": ((str, type(None)), True),
+    "python": ((str,), True), "overrides": ((list,), True), "resumed_from_step": ((int, type(None)), False),
 }
 _JOB_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "kind": ((str,), True), "job_id": ((str, type(None)), False), "array_size": ((int,), False),
@@ -195,6 +274,14 @@ _JOB_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "reason": ((str, type(None)), False), "exit_code": ((int, type(None)), False),
     "element_ids": ((list,), False), "array_counts": ((dict,), False),
 }
+
+
+def _job_records(records: Any, path: Path, where: str) -> dict[str, JobRecord]:
+    if not isinstance(records, dict):
+        raise _damaged(path, f"a {_json_type(records)} where an object belongs", key=where)
+    if len(records) > MAX_JOBS:
+        raise _damaged(path, f"{len(records)} job records, more than a run of embodyhpc has", key=where)
+    return {name: JobRecord(**_fields(record, _JOB_FIELDS, path, f"{where}.{name}")) for name, record in records.items()}
 
 
 def _damaged(path: Path, problem: str, key: str | None = None) -> RunDirError:
@@ -279,7 +366,7 @@ def _check_value(key: str, value: Any, path: Path, name: str) -> None:
     for text in texts:
         if not isinstance(text, str):
             raise _damaged(path, f"a {_json_type(text)} in a list of strings", key=name)
-        if key != "overrides" and _NO_CONTROL.search(text):
+        if key not in ("overrides", "attempt_overrides") and _NO_CONTROL.search(text):
             raise _damaged(path, "holds control characters", key=name)
         if key in ("job_id", "element_ids") and not JOB_ID.fullmatch(text):
             raise _damaged(path, "not a Slurm job id (digits, or digits_digits for an array element)", key=name)
