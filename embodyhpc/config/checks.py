@@ -15,6 +15,8 @@ _MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SBATCH_OPTION_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_NODE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(\[[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*\])?[A-Za-z0-9_.\-]*$")
+MAX_NODE_NAME_LEN = 255
 MAX_NAME_LEN = 100  # run folder "<name>-YYYYmmdd-HHMMSS-N" and job names "<name>-train" stay far below 255 bytes
 # the deepest file a run writes, below the run folder (submitit's pickles and logs, checkpoint shards, exports)
 RUN_DIR_DEPTH_RESERVE = 200
@@ -26,7 +28,7 @@ RESERVED_SBATCH = ("output", "error", "input", "signal", "array", "open-mode", "
                    "cpus-per-task", "mem", "mem-per-cpu", "mem-per-gpu", "gres", "gpus", "gpus-per-node",
                    "time", "partition", "account", "qos", "constraint", "exclusive", "chdir", "export",
                    "export-file", "wrap", "parsable", "hold", "wait", "test-only", "get-user-env", "uid", "gid",
-                   "propagate", "batch")
+                   "propagate", "batch", "exclude")
 
 
 def choice(key: str, value: str, choices: tuple[str, ...]) -> None:
@@ -111,6 +113,15 @@ def sbatch_options(key: str, options: dict[str, str]) -> None:
                               key=f"{key}.{name}", fix="remove it (use the recipe's own key for it, e.g. "
                               "resources.time, site.partition)")
         no_control_chars(f"{key}.{name}", str(value))
+
+
+def node_names(key: str, names: list[str]) -> None:
+    """Slurm node names or hostlist ranges (n1, gpu-[01-04]): what sbatch --exclude takes, and nothing a shell or
+    sbatch would read as more (a comma inside one entry, spaces, options)."""
+    for name in names:
+        if not isinstance(name, str) or not _NODE_RE.match(name) or len(name) > MAX_NODE_NAME_LEN:
+            raise ConfigError(f"{name!r} is not a Slurm node name or range (e.g. n1 or gpu-[01-04])", key=key,
+                              fix="list one node or range per entry, e.g. [n1, gpu-[01-04]]")
 
 
 def path_name(key: str, value: str) -> None:

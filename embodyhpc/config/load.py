@@ -318,6 +318,20 @@ def load_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: 
     file sets them: "refuse" (a recipe), "drop" (a resolved config from someone's export: the site profile
     given now decides) or "keep" (the resolved.yaml submit wrote into a run directory, reloaded by its jobs).
     """
+    config, provenance, recipe_name, site_name = load_unresolved(recipe, overrides, site,
+                                                                 recipe_site_keys=recipe_site_keys)
+    try:
+        resolved = resolve(config)
+    except ConfigError as exc:
+        raise _located(exc, provenance) from exc
+    return LoadedRecipe(config=config, resolved=resolved, recipe=recipe_name, site=site_name,
+                        overrides=tuple(overrides), provenance=provenance)
+
+
+def load_unresolved(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: str | None = None,
+                    *, recipe_site_keys: str = "refuse") -> tuple[Config, dict[str, str], str, str | None]:
+    """load_recipe before resolve(): (config, provenance, recipe name, site profile name). Every section is checked;
+    what depends on the world size is not (`embodyhpc resume` explains a batch size the new world cannot divide)."""
     source = find_recipe(recipe)
     layers = _recipe_layers(source)
     if recipe_site_keys == "drop":
@@ -348,13 +362,7 @@ def load_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: 
     except ConfigError as exc:
         raise _located(exc, provenance) from exc
     assert isinstance(config, Config)
-    try:
-        resolved = resolve(config)
-    except ConfigError as exc:
-        raise _located(exc, provenance) from exc
-    return LoadedRecipe(config=config, resolved=resolved, recipe=source.name,
-                        site=site_source.name if site_source else None, overrides=tuple(overrides),
-                        provenance=provenance)
+    return config, provenance, source.name, site_source.name if site_source else None
 
 
 def _located(exc: ConfigError, provenance: dict[str, str]) -> ConfigError:

@@ -432,7 +432,11 @@ class SiteConfig:
     Jinja's sandbox and include others by bare file name from this folder or the shipped ones."""
     extra_sbatch: dict[str, str] = field(default_factory=dict)
     """Further #SBATCH options for every job, e.g. {reservation: myres}. Options embodyhpc sets itself (output,
-    signal, array, job-name, dependency, ...) are refused: a second #SBATCH line would silently win."""
+    signal, array, job-name, dependency, exclude, ...) are refused: a second #SBATCH line would silently win."""
+    exclude: list[str] = field(default_factory=list)
+    """Nodes no job of the chain may run on (sbatch --exclude), one node name or hostlist range per entry, e.g.
+    [n3, gpu-[07-08]]: the nodes a site knows are bad. `embodyhpc resume RUN --exclude NODES` adds to it for one
+    run (the node a preflight failed on prints that command)."""
     secrets: list[str] = field(default_factory=list)
     """Environment variables that hold secrets (e.g. [HF_TOKEN, WANDB_API_KEY]): jobs inherit them from the
     environment `embodyhpc submit` runs in (sbatch exports it); their values are never written to resolved.yaml,
@@ -444,6 +448,7 @@ class SiteConfig:
         checks.env_names("site.secrets", {name: "" for name in self.secrets})
         nccl_values.check_environment(dict(self.env), lambda name: f"site.env.{name}")
         checks.sbatch_options("site.extra_sbatch", dict(self.extra_sbatch))
+        checks.node_names("site.exclude", list(self.exclude))
 
 
 @dataclass(frozen=True)

@@ -189,6 +189,7 @@ def _sbatch_context(loaded: LoadedRecipe, shape: JobShape, run_dir: Path) -> dic
         "stdout": stdout,
         "stderr": stderr,
         "extra_sbatch": dict(site.extra_sbatch),
+        "exclude": ",".join(site.exclude) or None,
     }
 
 
