@@ -4,6 +4,7 @@
     embodyhpc render recipes/pi05_fp8.yaml --site example_ib data.root=/data/x site.account=me
     embodyhpc submit recipes/demo_metaworld_cpu.yaml --site local
     embodyhpc status RUN_DIR ; embodyhpc logs RUN_DIR -f ; embodyhpc cancel RUN_DIR
+    embodyhpc resume RUN_DIR [--nodes N] [train.steps=M] [--exclude NODES]
 
 Thin by design: each command parses, calls the library, prints. Heavy imports (omegaconf,
 jinja2, submitit; never torch) happen inside the commands that need them, so --help is quick.
@@ -233,6 +234,11 @@ def smoke(
         typer.echo(format_report(report), nl=False)
     if not report.ok:
         raise RunFailure("smoke: a path that ran failed (see its row)")
+
+
+from .resume import resume_cmd  # noqa: E402 - the command lives in its own module
+
+app.command("resume")(resume_cmd)
 
 
 @app.command()

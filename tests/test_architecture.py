@@ -172,7 +172,7 @@ def test_job_code_starts_chains_through_the_orchestration_api() -> None:
     graph = import_graph(_sources(*PACKAGES))
     assert "embodyhpc.orchestrate.api" in graph["embodyhpc.launch.checkpoint_eval"]
     assert not any("embodyhpc.submit" in targets for module, targets in graph.items()
-                   if module.startswith("embodyhpc.") and module != "embodyhpc.submit")
+                   if module.startswith("embodyhpc.") and module not in ("embodyhpc.submit", "embodyhpc.resume"))
 
 
 # the names in a run directory: every module other than embodyhpc/rundir.py asks it for them
@@ -180,7 +180,7 @@ NAME_OWNERS = {
     "embodyhpc/rundir.py": {"run.json", "resolved.yaml", "policy_io.json", "metrics.jsonl", "train_result.json",
                             "train_attempts.jsonl", "spine-state.pt", "report.json", "report.md", "report.txt",
                             "history.jsonl", "smoke.json", "smoke-request.json", "checkpoints", "exports", "evals",
-                            "submitit", "scripts"},
+                            "submitit", "scripts", "attempts"},
 }
 NOT_YET_MOVED: set[tuple[str, str]] = set()
 

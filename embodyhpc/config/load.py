@@ -320,12 +320,17 @@ def load_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: 
     """
     config, provenance, recipe_name, site_name = load_unresolved(recipe, overrides, site,
                                                                  recipe_site_keys=recipe_site_keys)
-    try:
-        resolved = resolve(config)
-    except ConfigError as exc:
-        raise _located(exc, provenance) from exc
+    resolved = resolve_located(config, provenance)
     return LoadedRecipe(config=config, resolved=resolved, recipe=recipe_name, site=site_name,
                         overrides=tuple(overrides), provenance=provenance)
+
+
+def resolve_located(config: Config, provenance: dict[str, str]) -> Resolved:
+    """resolve(config), its errors naming the layer that set the keys involved."""
+    try:
+        return resolve(config)
+    except ConfigError as exc:
+        raise _located(exc, provenance) from exc
 
 
 def load_unresolved(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: str | None = None,

@@ -426,6 +426,24 @@ def set_terminated(uri: str, run_id: str, status: str = "FINISHED", *, only_if_a
     return True
 
 
+def reopen_run(uri: str, run_id: str) -> str:
+    """`embodyhpc resume`: the run `run_id` goes on (the same id, one curve), so it is SCHEDULED again whatever it
+    ended as (KILLED by a cancel, FAILED, FINISHED before more steps); the training sink marks it RUNNING. Returns
+    the status it had. TrackingError when the store cannot be reached or holds no such run (deleted runs too)."""
+    with bounded_http(CLI_HTTP_ENV):
+        try:
+            mlflow_client = client(uri)
+            run = mlflow_client.get_run(run_id)
+            if run.info.lifecycle_stage != "active":
+                raise TrackingError(f"MLflow run {run_id} in {uri} was deleted")
+            mlflow_client.update_run(run_id, status="SCHEDULED")
+        except TrackingError:
+            raise
+        except Exception as exc:
+            raise TrackingError(f"could not reopen MLflow run {run_id} in {uri}: {_one_line(exc)}") from exc
+    return run.info.status
+
+
 # ---- reading back ----
 def find_run(uri: str, run_id: str) -> dict[str, Any] | None:
     """A run's summary, or None when the store has no such run (or, for sqlite, no database file).

@@ -1,0 +1,43 @@
+"""`embodyhpc resume`: parse, call embodyhpc.resume, print (registered by cli/main.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def resume_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory printed by `embodyhpc submit`.")],
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="key=value to change: resources, parallelism, train.micro_batch_size, train.steps (raise it to train "
+             "on), site and staging keys. The global batch size, model, data and optimizer stay.")] = None,
+    site: Annotated[str | None, typer.Option("--site", "-s", help="Site profile to run this attempt with "
+                                                                  "(default: the run's own values).")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", help="Nodes for training (resources.nodes).")] = None,
+    exclude: Annotated[str | None, typer.Option("--exclude", help="Nodes no job may run on, comma-separated "
+                                                "(added to site.exclude; sbatch --exclude).")] = None,
+    local: Annotated[bool, typer.Option("--local", help="Run the chain on this machine, no Slurm.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check and render; change and submit nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Continue a stopped run in its folder from its newest complete checkpoint, on the same or another number of
+    nodes, the same MLflow run going on; evaluation and report follow as after `submit`."""
+    from embodyhpc import resume as resuming
+
+    from .main import _print_run, _python
+
+    extra = [f"resources.nodes={nodes}"] if nodes is not None else []
+    plan = resuming.plan_resume(run_dir, [*extra, *(overrides or [])], site=site, exclude=exclude)
+    if dry_run:
+        typer.echo(resuming.dry_run(plan, _python(plan.loaded)), nl=False)
+        typer.echo("")
+        return
+    say = (lambda msg: typer.echo(msg, err=True)) if as_json else typer.echo
+    info = resuming.resume(plan, _python(plan.loaded, local), local=local, progress=say)
+    if info.backend == "local":
+        from .status import local_summary
+
+        say(local_summary(Path(info.run_dir)))
+    _print_run(info, as_json)
