@@ -33,7 +33,9 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
             evals.append(path)
         except RunDirError as exc:
             broken[path.name] = exc.one_line()
-    (statuses, *eval_statuses), from_disk = read_states([info, *eval_infos])  # one sacct for all
+    earlier = [dataclasses.replace(info, jobs=a.jobs, backend=a.backend) for a in info.attempts]
+    (statuses, *rest), from_disk = read_states([info, *earlier, *eval_infos])  # one sacct for all
+    attempt_statuses, eval_statuses = rest[:len(earlier)], rest[len(earlier):]
     report = read_report(Path(info.run_dir))
     if from_disk is not None:
         statuses = _disk_states(statuses, report)
@@ -44,17 +46,24 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
         by_eval = {path.name: {"run_dir": str(path), "jobs": [dataclasses.asdict(s) for s in jobs],
                                "report": read_report(path)} for path, jobs in zip(evals, eval_statuses, strict=True)}
         by_eval.update({name: {"error": why} for name, why in broken.items()})
+        attempts = [{**{k: v for k, v in dataclasses.asdict(a).items() if k != "jobs"},
+                      "jobs": [dataclasses.asdict(s) for s in jobs]}
+                     for a, jobs in zip(info.all_attempts(), [*attempt_statuses, statuses], strict=True)]
         return json.dumps({"run_dir": info.run_dir, "backend": info.backend,
                            "states_from": "slurm" if from_disk is None and info.backend == "slurm" else "disk",
-                           "note": note, "jobs": [dataclasses.asdict(s) for s in statuses], "report": report,
-                           "evals": by_eval}, indent=2) + "\n"
+                           "note": note, "attempt": info.attempt, "jobs": [dataclasses.asdict(s) for s in statuses],
+                           "attempts": attempts, "report": report, "evals": by_eval}, indent=2) + "\n"
     lines = [f"run {info.run_dir} ({info.backend}; {info.recipe}" + (f" + {info.site})" if info.site else ")")]
     lines += [note] if note else []
     lines.append(f"{'JOB':<7} {'ID':<10} {'STATE':<11} {'EXIT':<5} {'NODES':<10} PROGRESS / REASON")
-    for s in statuses:
-        code = "-" if s.exit_code is None else str(s.exit_code)
-        lines.append(f"{s.kind:<7} {s.job_id or '-':<10} {s.state:<11} {code:<5} {s.nodes or '-':<10} "
-                     f"{_progress_text(s)}".rstrip())
+    several = len(info.attempts) > 0
+    for attempt, jobs in zip(info.all_attempts(), [*attempt_statuses, statuses], strict=True):
+        if several:
+            lines.append(_attempt_line(attempt))
+        for s in jobs:
+            code = "-" if s.exit_code is None else str(s.exit_code)
+            lines.append(f"{s.kind:<7} {s.job_id or '-':<10} {s.state:<11} {code:<5} {s.nodes or '-':<10} "
+                         f"{_progress_text(s)}".rstrip())
     lines += _report_lines(report)
     if evals or broken:
         lines.append("evaluations while training:")
@@ -65,6 +74,14 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
         lines += ["  " + line for line in _report_lines(read_report(path))]
     lines += [f"  {name}: {why}" for name, why in sorted(broken.items())]
     return "\n".join(lines) + "\n"
+
+
+def _attempt_line(attempt) -> str:
+    """`attempt 2 (resume from step 40; slurm): resources.nodes=1`: what started it and with what."""
+    how = "submit" if attempt.resumed_from_step is None else f"resume from step {attempt.resumed_from_step}"
+    changes = " ".join(attempt.overrides) if attempt.resumed_from_step is not None else ""
+    return " ".join(f"attempt {attempt.number} ({how}; {attempt.backend}, {attempt.created}): {changes}".split()
+                    ).rstrip(":")
 
 
 def _disk_states(statuses: list, report: dict | None) -> list:

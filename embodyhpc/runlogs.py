@@ -10,10 +10,20 @@ from embodyhpc.rundir import RunInfo, submitit_folder
 
 
 def log_files(info: RunInfo, kind: str | None = None) -> list[tuple[str, Path]]:
-    """(label, path) for every existing stdout/stderr file of the chosen jobs, in chain order."""
+    """(label, path) for every existing stdout/stderr file of the chosen jobs, in chain order, attempt after attempt
+    (a resumed run's earlier attempts first, their labels prefixed `attempt N`)."""
     folder = submitit_folder(Path(info.run_dir))
     found: list[tuple[str, Path]] = []
-    for record in info.jobs.values():
+    attempts = info.all_attempts()
+    for attempt in attempts:
+        tag = f"attempt {attempt.number} " if len(attempts) > 1 else ""
+        found += [(tag + label, path) for label, path in _job_logs(folder, attempt.jobs.values(), kind)]
+    return found
+
+
+def _job_logs(folder: Path, records, kind: str | None) -> list[tuple[str, Path]]:
+    found: list[tuple[str, Path]] = []
+    for record in records:
         if kind and record.kind != kind or not record.job_id:
             continue
         if record.element_ids:  # local arrays: one process per element

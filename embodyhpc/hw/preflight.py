@@ -2,7 +2,7 @@
 
 Local rank 0 of every node runs it before the process group starts (`run_preflight_for_job`). A failing
 node writes `logs/preflight-<node>.json` and raises `NodeUnhealthy`, whose one-line message names the node
-and the `--exclude=<node>` to resubmit with, so the job fails in seconds instead of hanging in NCCL or
+and the exact `embodyhpc resume RUN --exclude <node>` that goes on without it, so the job fails in seconds instead of hanging in NCCL or
 dying hours later. What it judges:
 
 - GPUs: present, as many as `resources.gpus_per_node` (when > 0), none lost, no uncorrected volatile ECC
@@ -48,12 +48,24 @@ ALLOCATION_BYTES = 4096  # files occupy whole filesystem blocks
 class NodeUnhealthy(RunFailure):
     """A node failed its preflight. `node` is the Slurm node name, `checks` the failed checks."""
 
-    def __init__(self, node: str, checks: list[Check], report_path: Path | None = None) -> None:
+    def __init__(self, node: str, checks: list[Check], report_path: Path | None = None,
+                 run_dir: Path | None = None) -> None:
         self.node, self.checks, self.report_path = node, checks, report_path
         problems = "; ".join(f"{c.name}: {c.reason}" for c in checks)
         where = f" (details: {report_path})" if report_path else ""
-        super().__init__(f"node {node} failed the preflight: {problems}. Resubmit without it: "
-                         f"--exclude={node} (sbatch), or site.extra_sbatch.exclude={node}{where}")
+        super().__init__(f"node {node} failed the preflight: {problems}. " + resume_hint(node, run_dir) + where)
+
+
+def resume_hint(node: str, run_dir: Path | None) -> str:
+    """The exact command that goes on without the node (the run's newest checkpoint; a run that never saved one is
+    submitted again with site.exclude), and the site-wide way."""
+    import shlex
+
+    if run_dir is None:
+        return f"Resubmit without it: site.exclude=[{node}], or add it to the site profile's site.exclude"
+    return (f"Go on without it: embodyhpc resume {shlex.quote(str(run_dir))} --exclude {shlex.quote(node)} "
+            f"(a run without a checkpoint yet: submit again with site.exclude=[{node}]; a node bad for every run: "
+            "add it to the site profile's site.exclude)")
 
 
 @dataclass
@@ -83,7 +95,8 @@ class PreflightResult:
 def preflight(resources: ResourcesConfig, network: NetworkConfig, staging: StagingConfig, data: DataConfig, *,
               node: str, checkpoint_dir: str | os.PathLike | None = None, logs_dir: str | os.PathLike | None = None,
               gpu_backend: GpuBackend | None = None, sysfs_root: str | os.PathLike = DEFAULT_SYSFS_ROOT,
-              dataset_bytes: int | None = None, raise_on_failure: bool = True) -> PreflightResult:
+              dataset_bytes: int | None = None, raise_on_failure: bool = True,
+              run_dir: str | os.PathLike | None = None) -> PreflightResult:
     """Check this node for the job; write `<logs_dir>/preflight-<node>.json` when `logs_dir` is given.
 
     `dataset_bytes` overrides the scan of `data.root` (when staging is on). `gpu_backend` defaults to NVML
@@ -104,7 +117,7 @@ def preflight(resources: ResourcesConfig, network: NetworkConfig, staging: Stagi
     if logs_dir is not None:
         result.report_path = write_result(result, Path(logs_dir))
     if result.failed and raise_on_failure:
-        raise NodeUnhealthy(node, result.failed, result.report_path)
+        raise NodeUnhealthy(node, result.failed, result.report_path, Path(run_dir) if run_dir is not None else None)
     return result
 
 
@@ -118,7 +131,7 @@ def run_preflight_for_job(run_dir: str | os.PathLike, config: Config, local_rank
         return None
     run_path = Path(run_dir)
     return preflight(config.resources, config.network, config.staging, config.data, node=node,
-                     checkpoint_dir=run_path / CHECKPOINTS_DIR, logs_dir=run_path / LOGS_DIR)
+                     checkpoint_dir=run_path / CHECKPOINTS_DIR, logs_dir=run_path / LOGS_DIR, run_dir=run_path)
 
 
 def write_result(result: PreflightResult, logs_dir: Path) -> Path:

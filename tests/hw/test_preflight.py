@@ -54,13 +54,16 @@ def test_healthy_ib_node_passes_quickly_and_writes_its_report(node):
 def test_ecc_errors_fail_naming_the_node_to_exclude(node):
     run, sysfs, logs = node
     fs.ndr_ib_node(sysfs)
+    run_dir = logs.parent
     with pytest.raises(NodeUnhealthy) as caught:
-        run(nvml_stub.with_ecc_errors(3, 12))
+        run(nvml_stub.with_ecc_errors(3, 12), run_dir=run_dir)
     error = caught.value
     assert isinstance(error, RunFailure) and error.node == "gpu-017"
     message = str(error)
     assert message.startswith("node gpu-017 failed the preflight: gpu3.ecc: GPU 3: 12 uncorrected ECC errors")
-    assert "--exclude=gpu-017" in message and "preflight-gpu-017.json" in message and "\n" not in message
+    # the exact command that goes on without the node, pasteable as printed
+    assert f"embodyhpc resume {run_dir} --exclude gpu-017 " in message
+    assert "preflight-gpu-017.json" in message and "\n" not in message
     data = _report(logs)
     assert data["status"] == "fail" and data["exclude"] == "gpu-017"
     assert [c["name"] for c in data["checks"] if c["status"] == "fail"] == ["gpu3.ecc"]
@@ -70,7 +73,7 @@ def test_ecc_errors_fail_naming_the_node_to_exclude(node):
 def test_rail_of_the_profile_down_fails(node):
     run, sysfs, logs = node
     fs.port_down_node(sysfs)
-    with pytest.raises(NodeUnhealthy, match=r"ib\.mlx5_2:1: mlx5_2 port 1 is DOWN .* --exclude=gpu-017"):
+    with pytest.raises(NodeUnhealthy, match=r"ib\.mlx5_2:1: mlx5_2 port 1 is DOWN .* site\.exclude=\[gpu-017\]"):
         run(dataset_bytes=0)
     # without raising, the result says the same
     result = run(dataset_bytes=0, raise_on_failure=False)
