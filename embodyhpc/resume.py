@@ -219,14 +219,18 @@ def _check_batch(new: Config, provenance: dict[str, str]) -> None:
     gbs, micro = train.global_batch_size, train.micro_batch_size
     if gbs % (micro * world) == 0:
         return
-    worlds = [w for w in range(1, gbs // micro + 1) if gbs % (micro * w) == 0] if gbs % micro == 0 else []
+    def best_micro(ranks: int) -> int:  # the largest micro-batch that fits, preferring no larger than now
+        fits = [m for m in range(1, gbs // ranks + 1) if gbs % (m * ranks) == 0]
+        return max((m for m in fits if m <= micro), default=max(fits))
+
+    worlds = [w for w in range(1, gbs + 1) if gbs % w == 0]
     below = max((w for w in worlds if w < world), default=None)
     above = min((w for w in worlds if w > world), default=None)
-    near = " or ".join(str(w) for w in (below, above) if w is not None)
+    near = " or ".join(f"{w} ranks (micro_batch_size={best_micro(w)})" for w in (below, above) if w is not None)
     micros = [m for m in range(1, gbs // world + 1) if gbs % (m * world) == 0] if gbs % world == 0 else []
     options = []
     if near:
-        options.append(f"{near} ranks in all (resources.nodes x tasks per node) at micro_batch_size={micro}")
+        options.append(f"{near} in all (resources.nodes x tasks per node)")
     if micros:
         options.append(f"train.micro_batch_size={max(micros)} on {world} ranks (any of {', '.join(map(str, micros))})")
     raise ConfigError(f"train.global_batch_size={gbs} stays on resume, and {world} ranks x micro_batch_size={micro} "
