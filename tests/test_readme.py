@@ -21,10 +21,10 @@ SKIP_RULES = {
     r"^make (demo|test)\b": "the whole demo / test suite: minutes, and the suite itself",
     r"^embodyhpc smoke recipes/": "trains on a GPU node, or submits to a cluster (--submit)",
     r"^embodyhpc smoke +\[RECIPE\]": "trains every GPU path of this node (about 50 s on CPU)",
-    r"^embodyhpc (eval|export|status|logs|cancel) ": "needs the run directory of a submitted run",
+    r"^embodyhpc (eval|export|status|logs|cancel|resume) ": "needs the run directory of a submitted run",
     r"^tools/nccl_sweep\.sh": "runs NCCL across cluster nodes",
 }
-MAX_SKIPPED = 11
+MAX_SKIPPED = 12
 
 
 def readme_commands() -> list[str]:
