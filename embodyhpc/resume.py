@@ -362,11 +362,18 @@ def _reopen_mlflow(loaded: LoadedRecipe, info: RunInfo, progress: Progress) -> N
 
     uri = tracking_uri(cfg.tracking, cfg.job.runs_root)
     try:
-        was = reopen_run(uri, info.mlflow_run_id)
+        reopened = reopen_run(uri, info.mlflow_run_id, after_step=info.resumed_from_step)
     except TrackingError as exc:  # as at submit: the dashboards are lost, not the run
         progress(f"warning: MLflow run {info.mlflow_run_id} not reopened, its jobs log what they can: {exc}")
         return
-    progress(f"MLflow run {info.mlflow_run_id} goes on (was {was})")
+    dropped = (f"; {reopened.removed} value(s) after step {info.resumed_from_step} that no checkpoint holds dropped "
+               "(this attempt logs those steps again)" if reopened.removed else "")
+    progress(f"MLflow run {info.mlflow_run_id} goes on (was {reopened.previous_status}){dropped}")
+    if reopened.kept_steps:
+        steps = reopened.kept_steps
+        progress(f"warning: the MLflow server keeps the stopped attempt's values of steps {steps[0]}-{steps[-1]} "
+                 "(MLflow has no call that deletes a value): those steps will show two values there; "
+                 "logs/metrics.jsonl holds each once")
 
 
 def dry_run(plan: ResumePlan, python: str) -> str:
