@@ -129,6 +129,20 @@ def test_a_local_run_still_running_names_its_job(cli, runs_root):
     assert "from the checkpoint of step 20" in result.out and "train.steps: 40 -> 60" in result.out
 
 
+def test_a_damaged_or_missing_resolved_yaml_names_the_file(cli, runs_root):
+    run = fake_run(runs_root)
+    (run / "resolved.yaml").write_text("model: [unclosed\n")
+    assert "resolved.yaml" in refused(cli, run)
+    (run / "resolved.yaml").unlink()
+    assert "resolved.yaml" in refused(cli, run)
+
+
+@pytest.mark.parametrize("nodes", ["0", "-1"])
+def test_nodes_must_be_positive(cli, runs_root, nodes):
+    run = fake_run(runs_root)
+    assert "resources.nodes" in refused(cli, run, "--nodes", nodes)
+
+
 # ---- refusals: steps ----
 def test_a_completed_run_without_more_steps(cli, runs_root):
     run = fake_run(runs_root, steps=40, checkpoints=(20, 40), train_state="COMPLETED")

@@ -224,7 +224,9 @@ class ParallelismConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 1000
-    """Optimizer steps."""
+    """Optimizer steps. `embodyhpc resume RUN train.steps=M` may raise it to train on: the warm-up + cosine is
+    then stretched to M (steps after the resume follow the schedule of a run planned for M from the start, so the
+    rate jumps up at the resume step)."""
     global_batch_size: int = 32
     """Samples per optimizer step over all ranks."""
     micro_batch_size: int = 8

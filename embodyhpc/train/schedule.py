@@ -2,7 +2,8 @@
 
 The schedule is a pure function of the number of optimizer steps already taken, so a resumed run needs no saved
 scheduler state: the loop rebuilds `LambdaLR(optimizer, fn, last_epoch=resumed_step - 1)` and gets the same
-learning rate the uninterrupted run had.
+learning rate the uninterrupted run had. `embodyhpc resume` with a raised train.steps rebuilds it with the new total:
+the schedule is stretched, not continued (a cosine that reached zero would have nothing left to continue with).
 
 Convention (the one LambdaLR imposes): optimizer step k (1-based) runs with `lr * fn(k - 1)`. Hence:
 - fn(0) = 1 / (warmup_steps + 1): the first step already moves (a zero-lr first step would waste it), and
