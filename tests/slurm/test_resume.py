@@ -43,6 +43,8 @@ def test_cancelled_2_node_run_resumes_on_1_node_then_trains_on(cli, slurm_cluste
 
     result = cli("resume", str(run), "--nodes", "1", "--json")
     assert result.code == 0, result.err
+    # the same MLflow run goes on; what a killed attempt logged past its last checkpoint left the store
+    assert f"MLflow run {RunInfo.load(run).mlflow_run_id} goes on (was " in result.err, result.err
     second = RunInfo.load(run)
     assert second.attempt == 2 and second.resumed_from_step == stopped_at and second.backend == "slurm"
     assert "#SBATCH --nodes=1" in (run / "scripts" / "train.sbatch").read_text()
@@ -72,4 +74,5 @@ def test_cancelled_2_node_run_resumes_on_1_node_then_trains_on(cli, slurm_cluste
     text = cli("status", str(run)).out
     assert "attempt 2 (resume from step" in text and "resources.nodes=1" in text and "train.steps=36" in text
     logs = cli("logs", str(run), "--job", "train").out
-    assert "attempt 1 train task 0" in logs and "attempt 3 train task 1" in logs
+    assert "attempt 1 train task 1" in logs and "attempt 2 train task 0" in logs and "attempt 3 train task 0" in logs
+    assert "attempt 2 train task 1" not in logs  # attempt 2 ran one rank on one node
