@@ -19,6 +19,14 @@ from embodyhpc.data.sampler import StepSampler
 
 
 def _seed_worker(worker_id: int) -> None:
+    # Slurm signals every process of a job step: SIGUSR2 before the time limit, SIGTERM on scancel. The training
+    # process decides when to stop and saves that step first (train/preempt.py); a worker dying of the signal
+    # would crash it before the save ("DataLoader worker is killed by signal"). Workers leave when the loader
+    # shuts them down or their parent dies (the loader's watchdog), and SIGKILL still ends them.
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     # numpy/random in workers would otherwise repeat the parent's stream in every worker
     import random
 

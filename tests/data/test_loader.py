@@ -32,6 +32,25 @@ def test_loader_with_workers_covers_this_ranks_share_and_persists():
     assert not shares[0] & shares[1] and len(shares[0] | shares[1]) == 120
 
 
+def test_workers_outlive_the_signals_slurm_sends_every_process_of_a_step():
+    """scancel (SIGTERM) and the time-limit warning (SIGUSR2) reach the workers too; the training process stops and
+    saves at a step boundary, so the workers must keep serving until then."""
+    import os
+    import signal
+
+    dataset = open_dataset(FIXTURE, {"action": [0.0, 0.1, 0.2]})
+    data = DataConfig(format="lerobot", root=str(FIXTURE), num_workers=2, prefetch_factor=2)
+    loader, _ = build_dataloader(dataset, data, micro_batch_size=4, rank=0, world_size=1, seed=3)
+    batches = iter(loader)
+    next(batches)
+    pids = [w.pid for w in batches._workers]
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGUSR2)
+    assert len([next(batches) for _ in range(10)]) == 10  # the loader would raise "worker killed by signal"
+    assert all(w.is_alive() for w in batches._workers) and [w.pid for w in batches._workers] == pids
+
+
 def test_loader_without_workers():
     dataset = open_dataset(FIXTURE)
     loader, _ = build_dataloader(dataset, DataConfig(format="lerobot", root=str(FIXTURE), num_workers=0),
