@@ -54,10 +54,11 @@ def test_cancelled_2_node_run_resumes_on_1_node_then_trains_on(cli, slurm_cluste
     assert (done["world_size"], done["resumed_from_step"], done["steps"]) == (1, stopped_at, 30)
 
     assert "already trained to train.steps=30" in cli("resume", str(run)).err
-    result = cli("resume", str(run), "train.steps=36", "--json")
+    result = cli("resume", str(run), "train.steps=36", "--exclude", "n2", "--json")
     assert result.code == 0, result.err
+    assert "#SBATCH --exclude=n2" in (run / "scripts" / "train.sbatch").read_text()
     jobs = wait_for(lambda: _finished(cli, run), 400, "attempt 3")
-    assert jobs["train"]["state"] == "COMPLETED", jobs
+    assert jobs["train"]["state"] == "COMPLETED" and jobs["train"]["nodes"] == "n1", jobs  # kept off n2
     done = json.loads((run / "logs" / "train_result.json").read_text())
     assert (done["world_size"], done["resumed_from_step"], done["steps"]) == (1, 30, 36)  # the nodes of attempt 2 stay
 
