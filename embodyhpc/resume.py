@@ -358,7 +358,8 @@ def _reopen_mlflow(loaded: LoadedRecipe, info: RunInfo, progress: Progress) -> N
     cfg = loaded.config
     if not (cfg.tracking.enabled and info.mlflow_run_id):
         return
-    from embodyhpc.tracking.mlflow_run import TrackingError, reopen_run, tracking_uri
+    from embodyhpc.tracking.mlflow_run import TrackingError, tracking_uri
+    from embodyhpc.tracking.reopen import reopen_run
 
     uri = tracking_uri(cfg.tracking, cfg.job.runs_root)
     try:

@@ -209,7 +209,8 @@ class RunInfo:
         self.attempt += 1
         self.jobs = {}
         self.backend, self.site, self.python = backend, site, python
-        self.attempt_overrides, self.resumed_from_step, self.attempt_created = list(overrides), resumed_from_step, created
+        self.attempt_overrides, self.resumed_from_step = list(overrides), resumed_from_step
+        self.attempt_created = created
 
     def save(self) -> None:
         self.schema_version = RUN_JSON_VERSION
@@ -281,7 +282,8 @@ def _job_records(records: Any, path: Path, where: str) -> dict[str, JobRecord]:
         raise _damaged(path, f"a {_json_type(records)} where an object belongs", key=where)
     if len(records) > MAX_JOBS:
         raise _damaged(path, f"{len(records)} job records, more than a run of embodyhpc has", key=where)
-    return {name: JobRecord(**_fields(record, _JOB_FIELDS, path, f"{where}.{name}")) for name, record in records.items()}
+    return {name: JobRecord(**_fields(record, _JOB_FIELDS, path, f"{where}.{name}"))
+            for name, record in records.items()}
 
 
 def _damaged(path: Path, problem: str, key: str | None = None) -> RunDirError:

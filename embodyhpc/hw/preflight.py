@@ -2,8 +2,8 @@
 
 Local rank 0 of every node runs it before the process group starts (`run_preflight_for_job`). A failing
 node writes `logs/preflight-<node>.json` and raises `NodeUnhealthy`, whose one-line message names the node
-and the exact `embodyhpc resume RUN --exclude <node>` that goes on without it, so the job fails in seconds instead of hanging in NCCL or
-dying hours later. What it judges:
+and the exact `embodyhpc resume RUN --exclude <node>` that goes on without it, so the job fails in seconds
+instead of hanging in NCCL or dying hours later. What it judges:
 
 - GPUs: present, as many as `resources.gpus_per_node` (when > 0), none lost, no uncorrected volatile ECC
   errors, no pending page retirement or row remapping, fewer retired pages than NVIDIA's replacement limit;

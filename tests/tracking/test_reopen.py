@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from embodyhpc.tracking.mlflow_run import TrackingError, client, create_run, reopen_run
+from embodyhpc.tracking.mlflow_run import TrackingError, client, create_run
+from embodyhpc.tracking.reopen import reopen_run
 
 
 def _log(uri: str, run_id: str, key: str, steps: range, offset: float = 0.0) -> None:
