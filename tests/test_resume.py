@@ -143,6 +143,17 @@ def test_nodes_must_be_positive(cli, runs_root, nodes):
     assert "resources.nodes" in refused(cli, run, "--nodes", nodes)
 
 
+def test_the_synthetic_stand_in_resumes_from_its_state_file_and_a_damaged_one_is_refused(cli, runs_root):
+    import torch
+
+    run = fake_run(runs_root, checkpoints=(), overrides=("data.format=synthetic",))
+    torch.save({"step": 30, "weights": torch.zeros(16)}, run / "checkpoints" / "spine-state.pt")
+    result = cli("resume", str(run), "--dry-run", "--nodes", "1")
+    assert result.code == 0 and "from the checkpoint of step 30" in result.out, result.err
+    (run / "checkpoints" / "spine-state.pt").write_bytes(b"not a torch file")
+    assert "unreadable" in refused(cli, run)
+
+
 # ---- refusals: steps ----
 def test_a_completed_run_without_more_steps(cli, runs_root):
     run = fake_run(runs_root, steps=40, checkpoints=(20, 40), train_state="COMPLETED")
