@@ -30,7 +30,12 @@ Recipe = Annotated[str, typer.Argument(help="Recipe file, or the name of a shipp
 Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, applied last.")]
 Site = Annotated[str | None, typer.Option("--site", "-s", help="Site profile name or file "
                                              "(default: $EMBODYHPC_SITE).")]
-RunDir = Annotated[Path, typer.Argument(help="Run directory printed by `embodyhpc submit`.")]
+RunDir = Annotated[str, typer.Argument(
+    metavar="RUN", help="The run: its folder (printed by `embodyhpc submit`), its name as `embodyhpc runs` lists it "
+    "(or a unique start of it, or EXPERIMENT/NAME), or `latest`.")]
+RunsRoot = Annotated[Path | None, typer.Option(
+    "--runs-root", help="Where run names and `latest` are looked up (default: the site profile's job.runs_root, "
+    "else ./runs).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
@@ -46,6 +51,12 @@ def _python(loaded, local: bool = False) -> str:
     from embodyhpc.slurm.render import job_python
 
     return sys.executable if local and not loaded.config.site.python else job_python(loaded.config)
+
+
+def _run_dir(run: str, site: str | None, runs_root: Path | None) -> Path:
+    from embodyhpc.submit import find_run_dir
+
+    return find_run_dir(run, site=site, root=runs_root)
 
 
 def _check_kind(job: str | None) -> None:
@@ -162,19 +173,21 @@ def _print_run(info, as_json: bool) -> None:
 
 @app.command("eval")
 def eval_cmd(
-    ckpt: Annotated[Path, typer.Option("--ckpt", help="Export folder, checkpoints/step-N folder, or run directory.")],
+    ckpt: Annotated[str, typer.Option("--ckpt", help="Export folder, checkpoints/step-N folder, or a run (its "
+                                                    "folder, its name, or `latest`).")],
     overrides: Overrides = None,
     suite: Annotated[str | None, typer.Option("--suite", help="Simulator suite (default: the recipe's).")] = None,
     site: Site = None,
     local: Annotated[bool, typer.Option("--local", help="Run on this machine, no Slurm.")] = False,
     as_json: AsJson = False,
+    runs_root: RunsRoot = None,
 ) -> None:
     """Evaluate existing weights: the eval array + report of the training chain, attached to the run's MLflow."""
     from embodyhpc import evaluate
     from embodyhpc import submit as submitting
 
     say = (lambda msg: typer.echo(msg, err=True)) if as_json else typer.echo
-    source = evaluate.resolve_source(ckpt)
+    source = evaluate.resolve_source(_run_dir(ckpt, site, runs_root))
     extra = [f"eval.suite={suite}"] if suite else []
     weights = source.weights or source.checkpoint  # a checkpoint: the chain exports it first
     # the weights' config may come from someone else: its site-only keys (python, templates, container) are
@@ -236,33 +249,35 @@ def smoke(
 
 
 @app.command()
-def status(run_dir: RunDir, as_json: AsJson = False) -> None:
+def status(run: RunDir, as_json: AsJson = False, site: Site = None, runs_root: RunsRoot = None) -> None:
     """State of each job of a run's chain (Slurm state, reason, array progress)."""
     from .status import status_report
 
-    typer.echo(status_report(run_dir, as_json=as_json), nl=False)
+    typer.echo(status_report(_run_dir(run, site, runs_root), as_json=as_json), nl=False)
 
 
 @app.command()
 def logs(
-    run_dir: RunDir,
+    run: RunDir,
     job: Annotated[str | None, typer.Option(help="Only this job: train, export, eval or report.")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    site: Site = None,
+    runs_root: RunsRoot = None,
 ) -> None:
     """Print the jobs' stdout/stderr (per task)."""
     from .status import print_logs
 
     _check_kind(job)
-    for line in print_logs(run_dir, job, follow=follow):
+    for line in print_logs(_run_dir(run, site, runs_root), job, follow=follow):
         typer.echo(line)
 
 
 @app.command()
-def cancel(run_dir: RunDir) -> None:
+def cancel(run: RunDir, site: Site = None, runs_root: RunsRoot = None) -> None:
     """Cancel every job of the run's chain."""
     from embodyhpc.orchestrate.api import cancel_run
 
-    typer.echo(cancel_run(run_dir))
+    typer.echo(cancel_run(_run_dir(run, site, runs_root)))
 
 
 @app.command()

@@ -36,6 +36,25 @@ def default_run_dir(job: JobConfig) -> Path:
     return root / job.experiment / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def runs_root(site: str | None = None, explicit: str | Path | None = None) -> Path:
+    """Where run names, `latest` and `embodyhpc runs` look: `explicit` (--runs-root), else the site profile's
+    job.runs_root (--site or $EMBODYHPC_SITE), else the schema's default (./runs)."""
+    from embodyhpc.config.load import site_runs_root
+
+    return Path(explicit if explicit is not None else site_runs_root(site)).expanduser().resolve()
+
+
+def find_run_dir(ref: str | Path, *, site: str | None = None, root: str | Path | None = None) -> Path:
+    """The run folder a RUN argument names: an existing folder, a run name or `latest` (rundir.find_run) under
+    runs_root(site, root). Every command that takes a run folder resolves it here. An existing folder is used as
+    it is, without reading the site profile."""
+    from embodyhpc.rundir import find_run
+
+    if str(ref) and Path(str(ref)).expanduser().exists():
+        return Path(str(ref)).expanduser()
+    return find_run(ref, runs_root(site, root))
+
+
 def preflight(loaded: LoadedRecipe, python: str, *, submitting: bool, eval_only: bool = False) -> list[str]:
     """What validate, render, --dry-run and submit all check before anything exists: the paths jobs will read
     (config/paths.py) and every template of the chain (a broken or refused template fails here, as in render).
