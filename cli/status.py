@@ -23,7 +23,10 @@ def _progress_text(status) -> str:
 
 def status_report(run_dir: Path, *, as_json: bool = False) -> str:
     from embodyhpc.errors import RunDirError
-    from embodyhpc.slurm.status import read_states
+    from embodyhpc.submit import chain_states as read_states
+    from embodyhpc.submit import run_state, train_progress
+
+    from .runs import progress_json, progress_text
 
     info = RunInfo.load(run_dir)
     evals, eval_infos, broken = [], [], {}
@@ -40,13 +43,17 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
         eval_statuses = [_disk_states(s, read_report(p)) for p, s in zip(evals, eval_statuses, strict=True)]
     note = (f"note: sacct failed ({from_disk}); the states below come from disk (run.json, report.json) and may "
             "be out of date" if from_disk is not None else None)
+    state, job, _ = run_state(statuses)
+    progress = train_progress(info.run_dir)
+    training = any(s.kind == "train" and not s.finished for s in statuses)
     if as_json:
         by_eval = {path.name: {"run_dir": str(path), "jobs": [dataclasses.asdict(s) for s in jobs],
                                "report": read_report(path)} for path, jobs in zip(evals, eval_statuses, strict=True)}
         by_eval.update({name: {"error": why} for name, why in broken.items()})
         return json.dumps({"run_dir": info.run_dir, "backend": info.backend,
                            "states_from": "slurm" if from_disk is None and info.backend == "slurm" else "disk",
-                           "note": note, "jobs": [dataclasses.asdict(s) for s in statuses], "report": report,
+                           "note": note, "state": state, "state_of": job, "progress": progress_json(progress),
+                           "jobs": [dataclasses.asdict(s) for s in statuses], "report": report,
                            "evals": by_eval}, indent=2) + "\n"
     lines = [f"run {info.run_dir} ({info.backend}; {info.recipe}" + (f" + {info.site})" if info.site else ")")]
     lines += [note] if note else []
@@ -55,6 +62,8 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
         code = "-" if s.exit_code is None else str(s.exit_code)
         lines.append(f"{s.kind:<7} {s.job_id or '-':<10} {s.state:<11} {code:<5} {s.nodes or '-':<10} "
                      f"{_progress_text(s)}".rstrip())
+    if progress is not None:
+        lines.append(f"training: {progress_text(progress, running=training)}")
     lines += _report_lines(report)
     if evals or broken:
         lines.append("evaluations while training:")
@@ -107,7 +116,7 @@ def local_summary(run_dir: Path) -> str:
 def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iterator[str]:
     from embodyhpc.runlogs import follow as follow_logs
     from embodyhpc.runlogs import log_files
-    from embodyhpc.slurm.status import read_states
+    from embodyhpc.submit import chain_states as read_states
 
     info = RunInfo.load(run_dir)
     if not follow:
@@ -136,3 +145,37 @@ def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iter
 
         raise SlurmError(f"stopped following: sacct failed ({lost[0]}), so the jobs' states are unknown; "
                          f"run `embodyhpc logs {run_dir} -f` again once Slurm answers")
+
+
+def watch(run_dir: Path, *, interval_s: float, live) -> int:
+    """`status --watch`: one progress line (state, the job it is about, training's step, loss, throughput, ETA)
+    until every job of the run has ended, then the full status. Returns the exit code: 0 when the chain
+    completed, 1 when it ended otherwise. Ctrl-C is the caller's (the run goes on)."""
+    import time
+
+    from embodyhpc.errors import SlurmError
+    from embodyhpc.submit import chain_states, run_state, train_progress
+
+    from .runs import progress_text
+
+    while True:
+        info = RunInfo.load(run_dir)
+        (statuses,), from_disk = chain_states([info])
+        if from_disk is not None and info.backend == "slurm":
+            live.close()
+            raise SlurmError(f"stopped watching: sacct failed ({from_disk}), so the jobs' states are unknown; run "
+                             f"`embodyhpc status {run_dir} --watch` again once Slurm answers")
+        state, job, reason = run_state(statuses)
+        finished = bool(statuses) and all(s.finished for s in statuses)
+        progress = train_progress(info.run_dir)
+        training = any(s.kind == "train" and not s.finished for s in statuses)
+        text = f"{state}" + (f" ({job})" if job and state != "COMPLETED" else "")
+        if progress is not None:
+            text += f": {progress_text(progress, running=training)}"
+        elif reason and not finished:
+            text += f": {reason}"
+        live.show(text, force=finished)
+        if finished:
+            live.close()
+            return 0 if state == "COMPLETED" else 1
+        time.sleep(interval_s)

@@ -147,6 +147,9 @@ class RunInfo:
     collect this evaluation's numbers)."""
     schema_version: int = RUN_JSON_VERSION
     """The layout this run.json was read in (RUN_JSON_VERSION); saving writes the current one."""
+    driver: str | None = None
+    """Local backend: `HOST:PID` of the process that runs the chain (the `embodyhpc submit` that started it). Once
+    that process is gone, states run.json still calls active are stale (status says INTERRUPTED)."""
 
     def save(self) -> None:
         self.schema_version = RUN_JSON_VERSION
@@ -187,7 +190,7 @@ _RUN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "run_id": ((str,), True), "run_dir": ((str,), False), "backend": ((str,), True), "recipe": ((str,), True),
     "site": ((str, type(None)), True), "overrides": ((list,), True), "python": ((str,), True),
     "created": ((str,), True), "mlflow_run_id": ((str, type(None)), False), "parent_run": ((str, type(None)), False),
-    "schema_version": ((int,), False),
+    "schema_version": ((int,), False), "driver": ((str, type(None)), False),
 }
 _JOB_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "kind": ((str,), True), "job_id": ((str, type(None)), False), "array_size": ((int,), False),
@@ -487,3 +490,4 @@ def find_run(ref: str | Path, runs_root: str | Path) -> Path:
 def _run_label(run: Path, root: Path) -> str:
     """EXPERIMENT/NAME of a run folder under the runs root."""
     return f"{run.parent.name}/{run.name}" if run.parent.parent == root else str(run)
+

@@ -10,6 +10,7 @@ import dataclasses
 import shlex
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from embodyhpc.config.load import LoadedRecipe
@@ -67,7 +68,32 @@ def preflight(loaded: LoadedRecipe, python: str, *, submitting: bool, eval_only:
     return warnings
 
 
-def dry_run(loaded: LoadedRecipe, python: str, progress: Progress = print) -> str:
+@dataclass
+class PlannedJob:
+    """One job a dry run would hand to sbatch."""
+
+    kind: str
+    sbatch_args: list[str]
+    """The options on sbatch's command line (dependencies on the placeholder ids `<train>`, `<eval>`, ...)."""
+    script_path: str
+    script: str
+
+
+@dataclass
+class DryRun:
+    run_dir: str
+    """The folder submit would create now."""
+    jobs: list[PlannedJob]
+
+    def text(self) -> str:
+        out = [f"# dry run: nothing submitted; run directory would be {self.run_dir}"]
+        for job in self.jobs:
+            out.append(f"# sbatch {''.join(f'{arg} ' for arg in job.sbatch_args)}{shlex.quote(job.script_path)}")
+            out.append(job.script)
+        return "\n".join(out)
+
+
+def dry_run(loaded: LoadedRecipe, python: str, progress: Progress = print) -> DryRun:
     """The scripts submit would hand to sbatch, after the checks submit makes (environment, paths, templates)."""
     import os
 
@@ -79,12 +105,10 @@ def dry_run(loaded: LoadedRecipe, python: str, progress: Progress = print) -> st
     run_dir = default_run_dir(loaded.config.job)
     plan = chain_plan(loaded)
     placeholders = {job.kind: f"<{job.kind}>" for job in plan}  # the job ids sbatch would answer
-    out = [f"# dry run: nothing submitted; run directory would be {run_dir}"]
-    for job in plan:
-        deps = "".join(f"{arg} " for arg in dependency_args(job, placeholders))
-        out.append(f"# sbatch {deps}{shlex.quote(str(script_file(run_dir, job.kind)))}")
-        out.append(render_job(loaded, job.kind, run_dir, python))
-    return "\n".join(out)
+    return DryRun(str(run_dir), [PlannedJob(job.kind, dependency_args(job, placeholders),
+                                            str(script_file(run_dir, job.kind)), render_job(loaded, job.kind, run_dir,
+                                                                                             python))
+                                 for job in plan])
 
 
 def check_environment(loaded: LoadedRecipe, environ: dict[str, str], progress: Progress) -> None:
@@ -119,12 +143,14 @@ def check_environment(loaded: LoadedRecipe, environ: dict[str, str], progress: P
 
 
 def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: Progress = print,
-           eval_only: bool = False, mlflow_parent: str | None = None) -> RunInfo:
+           eval_only: bool = False, mlflow_parent: str | None = None,
+           on_train_progress: Callable[[TrainProgress], None] | None = None) -> RunInfo:
     """Create the run directory and submit the chain (Slurm when reachable, else locally).
 
     eval_only: the evaluation array and the report only (`embodyhpc eval`), after an export job when eval.weights
     is a checkpoint folder; `mlflow_parent` is then the training run's MLflow run the report attaches its child
-    run to.
+    run to. on_train_progress: a chain that runs here calls it from a thread of its own whenever training logged
+    a new step (runlogs.read_last_metrics), until the chain ends.
     """
     import os
 
@@ -153,7 +179,42 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
         shutil.rmtree(run_dir, ignore_errors=True)  # no run folder without run.json
         raise
     progress(f"run directory: {run_dir}")
-    return run_chain(loaded, info, progress=progress, eval_only=eval_only)
+    if backend != "local" or on_train_progress is None or eval_only:
+        return run_chain(loaded, info, progress=progress, eval_only=eval_only)
+    with _ProgressPoller(run_dir, on_train_progress):
+        return run_chain(loaded, info, progress=progress, eval_only=eval_only)
+
+
+class _ProgressPoller:
+    """Calls `report` with training's progress each time the metrics file has a new step, from a daemon thread."""
+
+    POLL_S = 1.0
+
+    def __init__(self, run_dir: Path, report: Callable[[TrainProgress], None]) -> None:
+        import threading
+
+        self.run_dir, self.report = run_dir, report
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, name="train-progress", daemon=True)
+
+    def __enter__(self) -> _ProgressPoller:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+    def _poll(self) -> None:
+        last = None
+        while not self.stop.wait(self.POLL_S):
+            found = train_progress(self.run_dir)
+            if found is not None and found.step != last:
+                last = found.step
+                try:
+                    self.report(found)
+                except Exception:  # noqa: BLE001 - a display that failed must not touch the chain
+                    return
 
 
 def submit_smoke(loaded: LoadedRecipe, python: str, *, steps: int, size: str, progress: Progress = print) -> RunInfo:
@@ -254,3 +315,193 @@ def _chain_problems(info: RunInfo, report: dict | None) -> list[str]:
         elif report.get("outcome") != "complete":
             problems.append(f"report {report.get('outcome')}: {report.get('why')}")
     return problems
+
+
+# ---- runs, their states and progress (`embodyhpc runs`, `status`, `status --watch`, `submit --local`) ----
+RUN_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "INTERRUPTED", "UNKNOWN",
+              "DAMAGED")
+"""A run's state in `embodyhpc runs`: its first job (chain order) that has not completed decides, with Slurm's
+words for job states; INTERRUPTED: a local chain whose `submit` process is gone; DAMAGED: run.json unreadable.
+Slurm's rarer end states (OUT_OF_MEMORY, NODE_FAIL, PREEMPTED, ...) appear as they are."""
+
+
+@dataclass
+class TrainProgress:
+    """Where training is, from the metrics file (runlogs.read_last_metrics) and the resolved config."""
+
+    step: int
+    total_steps: int | None
+    loss: float | None
+    step_time_s: float | None
+    tokens_per_s: float | None
+    updated_s_ago: float
+    """Seconds since the metrics file last changed."""
+
+    @property
+    def eta_s(self) -> float | None:
+        """Time left at the last logged step time; None without one (or with an unknown total)."""
+        if self.total_steps is None or not self.step_time_s:
+            return None
+        return max(self.total_steps - self.step, 0) * self.step_time_s
+
+
+@dataclass
+class RunSummary:
+    """One row of `embodyhpc runs`."""
+
+    name: str
+    """EXPERIMENT/NAME under the runs root (what RUN arguments accept)."""
+    run_dir: str
+    state: str
+    job: str | None = None
+    """The job the state is about (its kind; an array's shards done), None when the chain completed."""
+    reason: str | None = None
+    step: int | None = None
+    total_steps: int | None = None
+    success: str | None = None
+    """The trained policy's headline success with its interval (the report's), e.g. "0.85 [0.71, 0.93]"."""
+    created: str | None = None
+    age_s: float | None = None
+    backend: str | None = None
+
+
+def train_progress(run_dir: str | Path) -> TrainProgress | None:
+    """Training's last logged step, loss, step time, throughput and the planned steps; None before the first log."""
+    from embodyhpc.runlogs import read_last_metrics
+
+    line = read_last_metrics(run_dir)
+    if line is None:
+        return None
+    values = line.values
+    return TrainProgress(step=line.step, total_steps=planned_steps(run_dir), loss=values.get("loss"),
+                         step_time_s=values.get("step_time_s") or None, tokens_per_s=values.get("tokens_per_s"),
+                         updated_s_ago=max(time.time() - line.updated, 0.0))
+
+
+def planned_steps(run_dir: str | Path) -> int | None:
+    """train.steps of the run's resolved.yaml (read with the recipe loader's guards; None when unreadable). The
+    whole config is not built: `runs` reads this for every run it lists."""
+    import yaml
+
+    from embodyhpc.config.yamlio import MAX_BYTES, load_yaml
+    from embodyhpc.rundir import RESOLVED_YAML
+
+    path = Path(run_dir) / RESOLVED_YAML
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_BYTES:
+            return None
+        data = load_yaml(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError, yaml.YAMLError):
+        return None
+    steps = (data.get("train") or {}).get("steps") if isinstance(data, dict) and isinstance(
+        data.get("train"), dict) else None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
+
+
+def chain_states(infos: list[RunInfo]) -> tuple[list[list], str | None]:
+    """Each run's job states (slurm.status.read_states: one sacct for all of them), with the states of a local
+    chain whose `submit` process is gone turned from active to INTERRUPTED (run.json cannot say so itself)."""
+    from embodyhpc.slurm.status import ACTIVE, read_states
+
+    statuses, from_disk = read_states(infos)
+    out = []
+    for info, jobs in zip(infos, statuses, strict=True):
+        gone = _driver_gone(info)
+        out.append([dataclasses.replace(s, state="INTERRUPTED", reason=gone) if gone and s.state in ACTIVE else s
+                    for s in jobs])
+    return out, from_disk
+
+
+def _driver_gone(info: RunInfo) -> str | None:
+    """Why a local chain is no longer running (its driver process ended), or None (running, another host's, or a
+    run.json from before drivers were recorded)."""
+    import os
+    import socket
+
+    if info.backend != "local" or not info.driver:
+        return None
+    host, _, pid_text = info.driver.rpartition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return None
+    pid = int(pid_text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"its `embodyhpc submit` (pid {pid}) ended before the chain did"
+    except PermissionError:
+        pass  # someone's process: ours only if it started before the run (below)
+    started = _process_start(pid)
+    created = _epoch(info.created)
+    if started is not None and created is not None and started > created + 2:
+        return f"its `embodyhpc submit` (pid {pid}) ended before the chain did (the pid is another process's now)"
+    return None
+
+
+def _process_start(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch), from /proc; None where there is no /proc."""
+    import os
+
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _epoch(created: str) -> float | None:
+    from datetime import datetime
+
+    try:
+        return datetime.strptime(created, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except ValueError:
+        return None
+
+
+def run_state(statuses: list) -> tuple[str, str | None, str | None]:
+    """(state, job, reason) of a run from its jobs' states: the first job in chain order that has not completed
+    decides (a failed training is the headline even while the report job records it)."""
+    if not statuses:
+        return "PENDING", None, "no job submitted yet"
+    for s in statuses:
+        if s.state != "COMPLETED":
+            job = s.kind + (f" {s.array_counts.get('COMPLETED', 0)}/{s.array_size}" if s.array_size else "")
+            return s.state, job, s.reason
+    return "COMPLETED", None, None
+
+
+def list_runs(root: Path, *, experiment: str | None = None, state: str | None = None
+              ) -> tuple[list[RunSummary], str | None]:
+    """The runs under `root` (rundir.run_folders), newest first, each with its state, steps, headline success and
+    age; and a note when sacct failed (the states of Slurm runs then come from disk). One sacct for all runs."""
+    from embodyhpc.errors import RunDirError, UserError
+    from embodyhpc.rundir import run_folders
+
+    if state is not None and state.upper() not in RUN_STATES:
+        raise UserError(f"unknown state {state!r}", key="--state", fix=f"use one of {', '.join(RUN_STATES)}")
+    folders = [p for p in run_folders(root) if experiment is None or p.parent.name == experiment]
+    rows: list[RunSummary] = []
+    loaded: list[tuple[RunSummary, RunInfo]] = []
+    for folder in folders:
+        row = RunSummary(name=f"{folder.parent.name}/{folder.name}", run_dir=str(folder), state="DAMAGED")
+        rows.append(row)
+        try:
+            loaded.append((row, RunInfo.load(folder)))
+        except RunDirError as exc:
+            row.reason = exc.one_line()
+    statuses, from_disk = chain_states([info for _, info in loaded])
+    for (row, info), jobs in zip(loaded, statuses, strict=True):
+        row.state, row.job, row.reason = run_state(jobs)
+        row.backend, row.created = info.backend, info.created
+        created = _epoch(info.created)
+        row.age_s = max(time.time() - created, 0.0) if created is not None else None
+        progress = train_progress(folder := Path(info.run_dir))
+        row.step, row.total_steps = (progress.step, progress.total_steps) if progress else (None, planned_steps(folder))
+        headline = (read_report(folder) or {}).get("headline") or {}
+        row.success = headline.get("trained") if isinstance(headline.get("trained"), str) else None
+    if state is not None:
+        rows = [row for row in rows if row.state == state.upper()]
+    note = (f"sacct failed ({from_disk}): the states of Slurm runs come from disk and may be out of date"
+            if from_disk is not None else None)
+    return rows, note
