@@ -371,7 +371,8 @@ def stage(
     """Copy a dataset to node-local storage: parallel, idempotent, resumable, verified."""
     from embodyhpc.staging import stage as stage_dataset
 
-    result = stage_dataset(src, dest, workers=workers, verify="none" if no_verify else verify, progress=not quiet)
+    result = stage_dataset(src, dest, workers=workers, verify="none" if no_verify else verify, progress=not quiet,
+                           summary=False)  # the bar on stderr; the one summary line on stdout
     typer.echo(result.summary())
 
 
@@ -405,12 +406,23 @@ def doctor(
     suggest: Annotated[bool, typer.Option("--suggest-network", help="Propose a `network:` section "
                                           "from the RDMA ports found.")] = False,
     probe_mb: Annotated[int, typer.Option(help="NVMe write probe size in MiB (0 skips it).")] = 64,
+    local: Annotated[bool, typer.Option("--local", help="Judge for a run on this machine (submit --local; the "
+                                        "default when no Slurm controller answers).")] = False,
 ) -> None:
-    """Preflight this node: GPUs (NVML), InfiniBand/RoCE ports, filesystems, NVMe, NCCL environment."""
+    """Preflight this node: GPUs (NVML), InfiniBand/RoCE ports, filesystems, NVMe, NCCL environment. With a RECIPE,
+    only what it uses is judged: NVMe only when it stages its dataset; a run on this machine needs no shared runs
+    root and no network profile."""
     from .doctor import doctor_report
 
-    text, code = doctor_report(_load(recipe, overrides, site) if recipe else None, as_json=as_json,
-                               suggest=suggest, probe_bytes=probe_mb << 20)
+    loaded = _load(recipe, overrides, site) if recipe else None
+    if loaded is not None and not local:
+        from embodyhpc.slurm.commands import reachable
+
+        answers, why = reachable()
+        if not answers:  # where submit would run the chain here, judge it as such
+            local = True
+            typer.echo(f"note: no Slurm cluster reachable ({why}): judged for a run on this machine", err=True)
+    text, code = doctor_report(loaded, as_json=as_json, suggest=suggest, probe_bytes=probe_mb << 20, local=local)
     typer.echo(text, nl=False)
     raise typer.Exit(code)
 
