@@ -57,6 +57,8 @@ def misplaced_override(args: list[str]) -> tuple[str, str] | None:
     with a dotted name (`--train.steps=100`, `--train.steps 100`; no option of ours has a dot), `key:value`,
     `key: value`, and `key = value` or `key =value` or `key= value` split across arguments. None when there is none
     (or the command takes no overrides)."""
+    if args[:1] == ["recipes"]:
+        args = args[1:]
     if not args or args[0] not in OVERRIDE_COMMANDS:
         return None
     for i, arg in enumerate(args):
