@@ -5,6 +5,7 @@ subprocesses for Ctrl-C and piped output."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import socket
@@ -245,3 +246,30 @@ def test_sacct_answers_for_slurm_runs_in_one_call(cli, tmp_path, monkeypatch):
     (bin_dir / "sacct").write_text("#!/bin/sh\necho 'sacct: error: Connection refused' >&2\nexit 1\n")
     fallback = json.loads(cli("runs", "--runs-root", str(root), "--json").out)
     assert "Connection refused" in fallback["note"] and {r["state"] for r in fallback["runs"]} == {"UNKNOWN"}
+
+
+def test_progress_poller_reports_each_new_step(tmp_path, monkeypatch):
+    from embodyhpc import submit as submitting
+
+    monkeypatch.setattr(submitting._ProgressPoller, "POLL_S", 0.05)
+    run = make_run(tmp_path, "e", "r-20261125-100000", steps=10)
+    seen: list[int] = []
+    with submitting._ProgressPoller(run, lambda p: seen.append(p.step)):
+        for step in (1, 2, 2, 3):
+            log_steps(run, step)
+            time.sleep(0.3)
+    assert seen == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_submit_local_shows_training_progress_on_stderr(tmp_path):
+    """A real local chain (the synthetic stand-in, 2 processes over gloo, about 45 s here): a progress line on
+    stderr while it trains, never on stdout, which holds the run's JSON alone."""
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "smoke_cpu.yaml"
+    result = subprocess.run([EXE, "submit", str(recipe), "--local", "--json", f"job.runs_root={tmp_path}",
+                             "train.steps=3000", "eval.enabled=false"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout)["backend"] == "local"
+    progress = [line for line in result.stderr.splitlines() if line.startswith("train: step ")]
+    assert progress and re.match(r"train: step \d+/3000 \(\d+%\), loss [\d.]+, [\d.e-]+ s/step, ETA", progress[0])
+    assert "\r" not in result.stderr and "\x1b" not in result.stderr
