@@ -3,7 +3,7 @@
     embodyhpc recipes list
     embodyhpc render recipes/pi05_fp8.yaml --site example_ib data.root=/data/x site.account=me
     embodyhpc submit recipes/demo_metaworld_cpu.yaml --site local
-    embodyhpc status RUN_DIR ; embodyhpc logs RUN_DIR -f ; embodyhpc cancel RUN_DIR
+    embodyhpc runs ; embodyhpc status latest --watch ; embodyhpc logs RUN -f ; embodyhpc cancel RUN
 
 Thin by design: each command parses, calls the library, prints. Heavy imports (omegaconf,
 jinja2, submitit; never torch) happen inside the commands that need them, so --help is quick.
