@@ -128,3 +128,11 @@ def test_the_runs_root_comes_from_the_site_profile(cli, root, tmp_path, monkeypa
     monkeypatch.delenv("EMBODYHPC_SITE")
     monkeypatch.chdir(root.parent)  # the default: ./runs
     assert cli("status", "latest").code == 0
+
+
+def test_eval_ckpt_takes_a_run_name(cli, root):
+    one_line_error(cli("eval", "--ckpt", "nothing-like-it", "--runs-root", str(root), "--local"), "no run of that name")
+    # latest resolves to the run folder; that run has no export or checkpoint: evaluate says so, on one line
+    result = cli("eval", "--ckpt", "latest", "--runs-root", str(root), "--local")
+    line = one_line_error(result)
+    assert "demo-metaworld-20261125-180000" in line
