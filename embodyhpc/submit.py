@@ -12,11 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from embodyhpc.config.load import LoadedRecipe
-from embodyhpc.config.schema import JobConfig
-from embodyhpc.orchestrate.api import run_chain, start_run
-from embodyhpc.orchestrate.plan import chain_kinds, chain_plan
 from embodyhpc.rundir import (
     SMOKE_REQUEST_FILE,
     RunInfo,
@@ -26,8 +23,13 @@ from embodyhpc.rundir import (
     script_file,
     write_json_atomic,
 )
-from embodyhpc.slurm.render import render_job
 
+if TYPE_CHECKING:
+    from embodyhpc.config.load import LoadedRecipe
+    from embodyhpc.config.schema import JobConfig
+
+# the chain's machinery (config loading, Jinja, orchestration) is imported where a run is started, not here:
+# status, logs, runs and cancel import this module and stay quick
 Progress = Callable[[str], None]
 
 
@@ -61,6 +63,8 @@ def preflight(loaded: LoadedRecipe, python: str, *, submitting: bool, eval_only:
     (config/paths.py) and every template of the chain (a broken or refused template fails here, as in render).
     Returns warnings; errors raise ConfigError."""
     from embodyhpc.config.paths import check_paths
+    from embodyhpc.orchestrate.plan import chain_kinds
+    from embodyhpc.slurm.render import render_job
 
     warnings = check_paths(loaded, submitting=submitting, training=not eval_only)
     for kind in chain_kinds(loaded, eval_only=eval_only):
@@ -101,6 +105,8 @@ def dry_run(loaded: LoadedRecipe, python: str, progress: Progress = print) -> Dr
     for warning in preflight(loaded, python, submitting=True):
         progress(f"warning: {warning}")
     from embodyhpc.orchestrate.backend_slurm import dependency_args
+    from embodyhpc.orchestrate.plan import chain_plan
+    from embodyhpc.slurm.render import render_job
 
     run_dir = default_run_dir(loaded.config.job)
     plan = chain_plan(loaded)
@@ -154,6 +160,7 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
     """
     import os
 
+    from embodyhpc.orchestrate.api import run_chain, start_run
     from embodyhpc.slurm import commands
 
     check_environment(loaded, dict(os.environ), progress)
@@ -220,8 +227,10 @@ class _ProgressPoller:
 def submit_smoke(loaded: LoadedRecipe, python: str, *, steps: int, size: str, progress: Progress = print) -> RunInfo:
     """`embodyhpc smoke --submit`: a run directory holding the recipe and one smoke job on one node."""
     from embodyhpc.errors import UserError
+    from embodyhpc.orchestrate.api import start_run
     from embodyhpc.orchestrate.api import submit_smoke as submit_job
     from embodyhpc.slurm import commands
+    from embodyhpc.slurm.render import render_job
 
     ok, why = commands.reachable()
     if not ok:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import typer.main
+from embodyhpc.cli.main import app
 from typer.testing import CliRunner
 
 from cli.live import LiveLine
-from embodyhpc.cli.main import app
 from tests.helpers import one_line_error
 
 EXE = str(Path(sys.executable).with_name("embodyhpc"))

@@ -5,8 +5,8 @@ subprocesses for Ctrl-C and piped output."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import socket
 import subprocess

@@ -15,5 +15,6 @@ from embodyhpc.hw.suggest import suggest_network, suggest_network_with_reasons
 __all__ = [
     "Check", "DoctorOptions", "DoctorReport", "GidEntry", "GpuBackend", "GpuHealth", "GpuSample", "IbPort",
     "NoGpuBackend", "NodeUnhealthy", "PreflightResult", "Status", "nodes_to_exclude", "open_gpu_backend", "preflight",
-    "read_ib_ports", "recipe_scope", "run_doctor", "run_preflight_for_job", "suggest_network", "suggest_network_with_reasons",
+    "read_ib_ports", "recipe_scope", "run_doctor", "run_preflight_for_job", "suggest_network",
+    "suggest_network_with_reasons",
 ]
