@@ -324,7 +324,7 @@ def runs(
     """List the runs under the runs root, newest first: name (what RUN arguments accept), state (Slurm's, or run.json's
     for a local run; the job it is about), training steps done, the trained policy's success with its interval,
     age."""
-    from embodyhpc.submit import list_runs
+    from embodyhpc.runstate import list_runs
     from embodyhpc.submit import runs_root as find_root
 
     from .runs import runs_json, runs_text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from embodyhpc.submit import RunSummary, TrainProgress
+from embodyhpc.runstate import RunSummary, TrainProgress
 
 
 def format_duration(seconds: float) -> str:

@@ -23,8 +23,7 @@ def _progress_text(status) -> str:
 
 def status_report(run_dir: Path, *, as_json: bool = False) -> str:
     from embodyhpc.errors import RunDirError
-    from embodyhpc.submit import chain_states as read_states
-    from embodyhpc.submit import run_state, train_progress
+    from embodyhpc.runstate import chain_states, run_state, train_progress
 
     from .runs import progress_json, progress_text
 
@@ -36,7 +35,7 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
             evals.append(path)
         except RunDirError as exc:
             broken[path.name] = exc.one_line()
-    (statuses, *eval_statuses), from_disk = read_states([info, *eval_infos])  # one sacct for all
+    (statuses, *eval_statuses), from_disk = chain_states([info, *eval_infos])  # one sacct for all
     report = read_report(Path(info.run_dir))
     if from_disk is not None:
         statuses = _disk_states(statuses, report)
@@ -116,7 +115,7 @@ def local_summary(run_dir: Path) -> str:
 def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iterator[str]:
     from embodyhpc.runlogs import follow as follow_logs
     from embodyhpc.runlogs import log_files
-    from embodyhpc.submit import chain_states as read_states
+    from embodyhpc.runstate import chain_states
 
     info = RunInfo.load(run_dir)
     if not follow:
@@ -133,7 +132,7 @@ def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iter
     lost: list[str] = []  # why Slurm stopped answering, if it did
 
     def done() -> bool:
-        (states,), from_disk = read_states([RunInfo.load(run_dir)])
+        (states,), from_disk = chain_states([RunInfo.load(run_dir)])
         if from_disk is not None and info.backend == "slurm":  # no telling when the job ends: print what is there
             lost.append(from_disk)
             return True
@@ -154,7 +153,7 @@ def watch(run_dir: Path, *, interval_s: float, live) -> int:
     import time
 
     from embodyhpc.errors import SlurmError
-    from embodyhpc.submit import chain_states, run_state, train_progress
+    from embodyhpc.runstate import chain_states, run_state, train_progress
 
     from .runs import progress_text
 

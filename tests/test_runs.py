@@ -251,7 +251,7 @@ def test_sacct_answers_for_slurm_runs_in_one_call(cli, tmp_path, monkeypatch):
 def test_progress_poller_reports_each_new_step(tmp_path, monkeypatch):
     from embodyhpc import submit as submitting
 
-    monkeypatch.setattr(submitting._ProgressPoller, "POLL_S", 0.05)
+    monkeypatch.setattr(submitting._ProgressPoller, "POLL_S", 0.05)  # submit --local's poller
     run = make_run(tmp_path, "e", "r-20261125-100000", steps=10)
     seen: list[int] = []
     with submitting._ProgressPoller(run, lambda p: seen.append(p.step)):
