@@ -148,8 +148,8 @@ def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iter
 
 def watch(run_dir: Path, *, interval_s: float, live) -> int:
     """`status --watch`: one progress line (state, the job it is about, training's step, loss, throughput, ETA)
-    until every job of the run has ended, then the full status. Returns the exit code: 0 when the chain
-    completed, 1 when it ended otherwise. Ctrl-C is the caller's (the run goes on)."""
+    until every job of the run has ended, then the full status. Returns the exit code: 0 when every job completed
+    and the report (if any) says complete, 1 otherwise. Ctrl-C is the caller's (the run goes on)."""
     import time
 
     from embodyhpc.errors import SlurmError
@@ -176,5 +176,6 @@ def watch(run_dir: Path, *, interval_s: float, live) -> int:
         live.show(text, force=finished)
         if finished:
             live.close()
-            return 0 if state == "COMPLETED" else 1
+            outcome = (read_report(Path(info.run_dir)) or {}).get("outcome", "complete")
+            return 0 if state == "COMPLETED" and outcome == "complete" else 1  # as `submit --local` would exit
         time.sleep(interval_s)

@@ -208,6 +208,9 @@ def test_watch_of_a_finished_run_returns_at_once(cli, root):
     assert "COMPLETED" in result.err
     one_line_error(cli("status", "demo-20261125-100000", "--runs-root", str(root), "--watch", "--interval", "0"),
                    "--interval")
+    (root / "demo" / "demo-20261125-100000" / "eval" / "report.json").write_text(json.dumps(
+        {"outcome": "incomplete", "why": "shard 3 missing", "headline": {}}))
+    assert cli("status", "demo-20261125-100000", "--runs-root", str(root), "--watch").code == 1  # as submit would
 
 
 def test_watch_in_a_real_process_piped_and_interrupted(root):
