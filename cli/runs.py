@@ -46,18 +46,23 @@ def progress_json(progress: TrainProgress | None) -> dict | None:
     return {**dataclasses.asdict(progress), "eta_s": progress.eta_s}
 
 
+def _printable(text: str) -> str:
+    """Folder names come from the filesystem, where anyone may have put an escape sequence: shown as '?'."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def runs_text(rows: list[RunSummary], note: str | None) -> str:
     lines = [note] if note else []
     if not rows:
         return "\n".join([*lines, "no runs"]) + "\n"
     header = ("RUN", "STATE", "STEPS", "SUCCESS", "AGE")
-    table = [header] + [(row.name, _state_cell(row), _steps_cell(row), row.success or "-",
+    table = [header] + [(_printable(row.name), _state_cell(row), _steps_cell(row), _printable(row.success or "-"),
                          format_duration(row.age_s) if row.age_s is not None else "-") for row in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
     for r in table:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=False)) + "  " + r[-1])
     damaged = [row for row in rows if row.state == "DAMAGED"]
-    lines += [f"{row.name}: {row.reason}" for row in damaged]
+    lines += [_printable(f"{row.name}: {row.reason}") for row in damaged]
     return "\n".join(lines) + "\n"
 
 

@@ -174,6 +174,9 @@ def list_runs(root: Path, *, experiment: str | None = None, state: str | None = 
 
     if state is not None and state.upper() not in RUN_STATES:
         raise UserError(f"unknown state {state!r}", key="--state", fix=f"use one of {', '.join(RUN_STATES)}")
+    if root.exists() and not root.is_dir():
+        raise UserError("is a file, not the folder runs are under", where=str(root), key="runs root",
+                        fix="pass --runs-root FOLDER, or set job.runs_root in the site profile")
     folders = [p for p in run_folders(root) if experiment is None or p.parent.name == experiment]
     rows: list[RunSummary] = []
     loaded: list[tuple[RunSummary, RunInfo]] = []

@@ -131,8 +131,12 @@ def test_damaged_and_hostile_run_folders(cli, root, tmp_path):
     assert "not valid JSON" in found["demo/demo-20261126-000000"]["reason"]
     assert found["demo/demo-20261126-020000"]["state"] == "DAMAGED"  # control characters refused
     assert not any("no-json" in name or "x-2099" in name or "link" in name for name in found)
+    make_run(root, "demo", "evil\x1b[2J-20261126-030000")  # an escape sequence in a folder name
     text = cli("runs", "--runs-root", str(root))
     assert text.code == 0 and "\x1b" not in text.out and "demo/demo-20261126-000000: " in text.out
+    assert "demo/evil?[2J-20261126-030000" in text.out
+    (tmp_path / "a-file").write_text("x")
+    one_line_error(cli("runs", "--runs-root", str(tmp_path / "a-file")), "is a file")
 
 
 def test_status_shows_training_progress(cli, root):
