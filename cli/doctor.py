@@ -8,21 +8,19 @@ from embodyhpc.config.load import LoadedRecipe
 
 
 def doctor_report(loaded: LoadedRecipe | None, *, as_json: bool, suggest: bool,
-                  probe_bytes: int) -> tuple[str, int]:
+                  probe_bytes: int, local: bool = False) -> tuple[str, int]:
     """Run the preflight against a recipe's expectations (or none); text and exit code."""
-    from embodyhpc.hw import DoctorOptions, run_doctor, suggest_network_with_reasons
+    from embodyhpc.hw import DoctorOptions, recipe_scope, run_doctor, suggest_network_with_reasons
 
+    skipped: list[str] = []
     if loaded is None:
         options, network = DoctorOptions(nvme_probe_bytes=probe_bytes), None
     else:
-        cfg = loaded.config
-        options = DoctorOptions(runs_root=cfg.job.runs_root, nvme_path=cfg.staging.nvme_dir,
-                                nvme_probe_bytes=probe_bytes, num_nodes=cfg.resources.nodes,
-                                expected_gpus=cfg.resources.gpus_per_node or None)
-        network = cfg.network
+        options, network, skipped = recipe_scope(loaded.config, local=local, nvme_probe_bytes=probe_bytes)
     report = run_doctor(options, network=network)
     out: dict = report.to_dict()
-    lines = [report.to_text().rstrip("\n")]
+    out["not_judged"] = skipped
+    lines = [report.to_text().rstrip("\n")] + [f"  -     {line}" for line in skipped]
     if suggest:
         section, reasons = suggest_network_with_reasons(report.ib_ports)
         out["suggested_network"] = {"network": section, "why": reasons}

@@ -3,8 +3,8 @@
     embodyhpc recipes list
     embodyhpc render recipes/pi05_fp8.yaml --site example_ib data.root=/data/x site.account=me
     embodyhpc submit recipes/demo_metaworld_cpu.yaml --site local
-    embodyhpc status RUN_DIR ; embodyhpc logs RUN_DIR -f ; embodyhpc cancel RUN_DIR
-    embodyhpc resume RUN_DIR [--nodes N] [train.steps=M] [--exclude NODES]
+    embodyhpc runs ; embodyhpc status latest --watch ; embodyhpc logs RUN -f ; embodyhpc cancel RUN
+    embodyhpc resume RUN [--nodes N] [train.steps=M] [--exclude NODES]
 
 Thin by design: each command parses, calls the library, prints. Heavy imports (omegaconf,
 jinja2, submitit; never torch) happen inside the commands that need them, so --help is quick.
@@ -20,19 +20,37 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  rich_markup_mode=None, help="Robot-policy training recipes to results on Slurm.")
-recipes_app = typer.Typer(no_args_is_help=True, help="Shipped recipes and site profiles.")
-app.add_typer(recipes_app, name="recipes")
-data_app = typer.Typer(no_args_is_help=True, help="Datasets: synthesise demonstrations, inspect.")
-app.add_typer(data_app, name="data")
+from .data import data_app
+from .options import AsJson, Overrides, Recipe, RunDir, RunsRoot, Site
 
-Recipe = Annotated[str, typer.Argument(help="Recipe file, or the name of a shipped recipe.")]
-Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, applied last.")]
-Site = Annotated[str | None, typer.Option("--site", "-s", help="Site profile name or file "
-                                             "(default: $EMBODYHPC_SITE).")]
-RunDir = Annotated[Path, typer.Argument(help="Run directory printed by `embodyhpc submit`.")]
-AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+# -h as well as --help (sub-commands inherit it); a help screen wide enough that option help is not squeezed
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings=CONTEXT, help="Robot-policy training recipes to results on Slurm.\n\n"
+                  "A RECIPE is a YAML file or a shipped recipe's name (`embodyhpc recipes list`); OVERRIDES are "
+                  "key=value, applied last, e.g. train.steps=100 resources.nodes=2. A RUN is a run folder, a run "
+                  "name (`embodyhpc runs`) or `latest`. EMBODYHPC_DEBUG=1 shows tracebacks.")
+recipes_app = typer.Typer(no_args_is_help=True, help="Shipped recipes and site profiles.")
+app.add_typer(recipes_app, name="recipes", short_help="Shipped recipes and site profiles: list, show.")
+app.add_typer(data_app, name="data", short_help="Datasets: record demonstrations, summarise one.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"embodyhpc {version('embodyhpc')}")
+        except PackageNotFoundError:  # a source tree that was never installed
+            typer.echo("embodyhpc (not installed: no version)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", "-V", is_eager=True, callback=_version,
+                                                help="Print the version and exit.")] = False) -> None:
+    pass
+
 
 
 def _load(recipe: str, overrides: list[str] | None, site: str | None, **options):
@@ -49,6 +67,12 @@ def _python(loaded, local: bool = False) -> str:
     return sys.executable if local and not loaded.config.site.python else job_python(loaded.config)
 
 
+def _run_dir(run: str, site: str | None, runs_root: Path | None) -> Path:
+    from embodyhpc.submit import find_run_dir
+
+    return find_run_dir(run, site=site, root=runs_root)
+
+
 def _check_kind(job: str | None) -> None:
     from embodyhpc.slurm.render import JOB_KINDS
 
@@ -58,7 +82,7 @@ def _check_kind(job: str | None) -> None:
         raise UserError(f"unknown job {job!r}", key="--job", fix=f"use one of {', '.join(JOB_KINDS)}")
 
 
-@recipes_app.command("list")
+@recipes_app.command("list", short_help="List shipped recipes and site profiles.")
 def recipes_list() -> None:
     """List shipped recipes and site profiles."""
     from embodyhpc.config.load import shipped_recipes, shipped_sites
@@ -67,13 +91,13 @@ def recipes_list() -> None:
     typer.echo("sites:   " + " ".join(shipped_sites()))
 
 
-@recipes_app.command("show")
+@recipes_app.command("show", short_help="Print a recipe fully resolved.")
 def recipes_show(recipe: Recipe, overrides: Overrides = None, site: Site = None) -> None:
     """Print a recipe fully resolved (defaults, base recipes, site, overrides)."""
     typer.echo(_load(recipe, overrides, site).to_yaml(), nl=False)
 
 
-@app.command()
+@app.command(short_help="Check a recipe; print the resolved job shape.")
 def validate(recipe: Recipe, overrides: Overrides = None, site: Site = None) -> None:
     """Check a recipe; print the resolved job shape."""
     from embodyhpc.submit import preflight
@@ -89,7 +113,7 @@ def validate(recipe: Recipe, overrides: Overrides = None, site: Site = None) -> 
     typer.echo(f"  eval: {r.num_eval_episodes} episodes in {loaded.config.eval.shards} shards")
 
 
-@app.command()
+@app.command(short_help="Print the sbatch scripts `submit` would hand to Slurm.")
 def render(
     recipe: Recipe,
     overrides: Overrides = None,
@@ -115,7 +139,7 @@ def render(
         typer.echo(render_job(loaded, kind, target, _python(loaded)), nl=False)
 
 
-@app.command()
+@app.command(short_help="Start a run: train -> eval array -> report (Slurm, or --local).")
 def submit(
     recipe: Recipe,
     overrides: Overrides = None,
@@ -129,15 +153,29 @@ def submit(
 
     loaded = _load(recipe, overrides, site)
     if dry_run:
-        typer.echo(submitting.dry_run(loaded, _python(loaded), progress=lambda msg: typer.echo(msg, err=True)),
-                   nl=False)
+        planned = submitting.dry_run(loaded, _python(loaded), progress=lambda msg: typer.echo(msg, err=True))
+        if as_json:
+            import dataclasses
+            import json
+
+            typer.echo(json.dumps({"dry_run": True, **dataclasses.asdict(planned)}, indent=2))
+        else:
+            typer.echo(planned.text(), nl=False)
         return
-    say = (lambda msg: typer.echo(msg, err=True)) if as_json else typer.echo
-    info = submitting.submit(loaded, _python(loaded, local), local=local, progress=say)
+    from .live import LiveLine
+    from .runs import progress_text
+
+    live = LiveLine()  # training's progress on stderr while a chain runs here
+    try:
+        info = submitting.submit(loaded, _python(loaded, local), local=local,
+                                 progress=lambda msg: live.say(msg, sys.stderr if as_json else sys.stdout),
+                                 on_train_progress=lambda p: live.show(f"train: {progress_text(p, running=True)}"))
+    finally:
+        live.close()
     if info.backend == "local":  # the chain has run: show where it got
         from .status import local_summary
 
-        say(local_summary(Path(info.run_dir)))
+        typer.echo(local_summary(Path(info.run_dir)), err=as_json)
     _print_run(info, as_json)
 
 
@@ -161,21 +199,23 @@ def _print_run(info, as_json: bool) -> None:
             raise RunFailure(why)
 
 
-@app.command("eval")
+@app.command("eval", short_help="Evaluate a checkpoint, an export or a run's weights.")
 def eval_cmd(
-    ckpt: Annotated[Path, typer.Option("--ckpt", help="Export folder, checkpoints/step-N folder, or run directory.")],
+    ckpt: Annotated[str, typer.Option("--ckpt", help="Export folder, checkpoints/step-N folder, or a run (its "
+                                                    "folder, its name, or `latest`).")],
     overrides: Overrides = None,
     suite: Annotated[str | None, typer.Option("--suite", help="Simulator suite (default: the recipe's).")] = None,
     site: Site = None,
     local: Annotated[bool, typer.Option("--local", help="Run on this machine, no Slurm.")] = False,
     as_json: AsJson = False,
+    runs_root: RunsRoot = None,
 ) -> None:
     """Evaluate existing weights: the eval array + report of the training chain, attached to the run's MLflow."""
     from embodyhpc import evaluate
     from embodyhpc import submit as submitting
 
     say = (lambda msg: typer.echo(msg, err=True)) if as_json else typer.echo
-    source = evaluate.resolve_source(ckpt)
+    source = evaluate.resolve_source(_run_dir(ckpt, site, runs_root))
     extra = [f"eval.suite={suite}"] if suite else []
     weights = source.weights or source.checkpoint  # a checkpoint: the chain exports it first
     # the weights' config may come from someone else: its site-only keys (python, templates, container) are
@@ -189,7 +229,7 @@ def eval_cmd(
     _print_run(info, as_json)
 
 
-@app.command()
+@app.command(short_help="Train a few steps through every GPU path of this node.")
 def smoke(
     recipe: Annotated[str | None, typer.Argument(help="Recipe whose attention, precision and compile settings to "
                                                     "mark in the table (and, with --submit, whose site and "
@@ -241,37 +281,89 @@ from .resume import resume_cmd  # noqa: E402 - the command lives in its own modu
 app.command("resume")(resume_cmd)
 
 
-@app.command()
-def status(run_dir: RunDir, as_json: AsJson = False) -> None:
-    """State of each job of a run's chain (Slurm state, reason, array progress)."""
+@app.command(short_help="A run's jobs, training progress and success; --watch until it ends.")
+def status(
+    run: RunDir,
+    as_json: AsJson = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Show one progress line (state, step, loss, "
+                                        "throughput, ETA) until the run ends, then the status; exit 0 when it "
+                                        "completed, 1 when it did not, 130 on Ctrl-C (the run goes on).")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between looks with --watch.")] = 5.0,
+    site: Site = None,
+    runs_root: RunsRoot = None,
+) -> None:
+    """State of each job of a run's chain (Slurm state, reason, array progress), training's progress (step, loss,
+    throughput, ETA from the metrics file) and the success rates."""
     from .status import status_report
 
+    run_dir = _run_dir(run, site, runs_root)
+    if watch:
+        if not 0.1 <= interval <= 3600:
+            from embodyhpc.errors import UserError
+
+            raise UserError(f"{interval:g} s", key="--interval", fix="use 0.1 to 3600 seconds")
+        from .live import LiveLine
+        from .status import watch as watch_run
+
+        # the watch is this command's output (stdout), unless stdout is for the JSON at the end
+        live = LiveLine(sys.stderr if as_json else sys.stdout, every_s=0.0, stamp=True)
+        try:
+            code = watch_run(run_dir, interval_s=interval, live=live)
+        except KeyboardInterrupt:
+            live.close()
+            typer.echo(f"stopped watching; the run goes on (embodyhpc status {run})", err=True)
+            raise typer.Exit(130) from None
+        typer.echo(status_report(run_dir, as_json=as_json), nl=False)
+        raise typer.Exit(code)
     typer.echo(status_report(run_dir, as_json=as_json), nl=False)
 
 
-@app.command()
+@app.command(short_help="List the runs under the runs root: state, steps, success, age.")
+def runs(
+    experiment: Annotated[str | None, typer.Option("--experiment", "-e", help="Only this experiment's runs.")] = None,
+    state: Annotated[str | None, typer.Option(help="Only runs in this state: PENDING, RUNNING, COMPLETED, FAILED, "
+                                              "CANCELLED, TIMEOUT, INTERRUPTED, UNKNOWN or DAMAGED.")] = None,
+    as_json: AsJson = False,
+    site: Site = None,
+    runs_root: RunsRoot = None,
+) -> None:
+    """List the runs under the runs root, newest first: name (what RUN arguments accept), state (Slurm's, or run.json's
+    for a local run; the job it is about), training steps done, the trained policy's success with its interval,
+    age."""
+    from embodyhpc.runstate import list_runs
+    from embodyhpc.submit import runs_root as find_root
+
+    from .runs import runs_json, runs_text
+
+    rows, note = list_runs(find_root(site, runs_root), experiment=experiment, state=state)
+    typer.echo(runs_json(rows, note) if as_json else runs_text(rows, note), nl=False)
+
+
+@app.command(short_help="Print (or -f follow) the jobs' stdout and stderr.")
 def logs(
-    run_dir: RunDir,
+    run: RunDir,
     job: Annotated[str | None, typer.Option(help="Only this job: train, export, eval or report.")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    site: Site = None,
+    runs_root: RunsRoot = None,
 ) -> None:
     """Print the jobs' stdout/stderr (per task)."""
     from .status import print_logs
 
     _check_kind(job)
-    for line in print_logs(run_dir, job, follow=follow):
+    for line in print_logs(_run_dir(run, site, runs_root), job, follow=follow):
         typer.echo(line)
 
 
-@app.command()
-def cancel(run_dir: RunDir) -> None:
+@app.command(short_help="Cancel every job of a run's chain.")
+def cancel(run: RunDir, site: Site = None, runs_root: RunsRoot = None) -> None:
     """Cancel every job of the run's chain."""
     from embodyhpc.orchestrate.api import cancel_run
 
-    typer.echo(cancel_run(run_dir))
+    typer.echo(cancel_run(_run_dir(run, site, runs_root)))
 
 
-@app.command()
+@app.command(short_help="Copy a dataset to node-local disk: parallel, resumable, verified.")
 def stage(
     src: Annotated[Path, typer.Argument(help="Dataset folder on the parallel filesystem.")],
     dest: Annotated[Path, typer.Argument(help="Node-local folder (e.g. on NVMe).")],
@@ -285,11 +377,12 @@ def stage(
     """Copy a dataset to node-local storage: parallel, idempotent, resumable, verified."""
     from embodyhpc.staging import stage as stage_dataset
 
-    result = stage_dataset(src, dest, workers=workers, verify="none" if no_verify else verify, progress=not quiet)
+    result = stage_dataset(src, dest, workers=workers, verify="none" if no_verify else verify, progress=not quiet,
+                           summary=False)  # the bar on stderr; the one summary line on stdout
     typer.echo(result.summary())
 
 
-@app.command("export")
+@app.command("export", short_help="Convert an export to LeRobot's pi0.5 policy folder.")
 def export(
     source: Annotated[Path, typer.Argument(help="An embodyhpc export folder (RUN/export or RUN/exports/step-N).")],
     out: Annotated[Path, typer.Option("--out", help="New folder for the converted weights.")],
@@ -309,106 +402,7 @@ def export(
     typer.echo(f"wrote LeRobot's pi0.5 layout to {export_lerobot(source, out, execute_steps=execute_steps)}")
 
 
-@data_app.command("synth")
-def data_synth(
-    out: Annotated[Path, typer.Option("--out", help="New LeRobot v3.0 dataset folder.")],
-    env: Annotated[str, typer.Option(help="Evaluation suite to record in: metaworld (scripted experts), libero, "
-                                          "pusht, or a registered one.")] = "metaworld",
-    tasks: Annotated[str, typer.Option(help="Comma-separated tasks; default: 4 MT10 tasks.")] = "",
-    episodes: Annotated[int, typer.Option(help="Episodes per task (failed expert ones are dropped).")] = 5,
-    image_size: Annotated[int, typer.Option(help="Camera image side in pixels.")] = 64,
-    seed: Annotated[int, typer.Option(help="Decides every goal; same seed, same dataset.")] = 0,
-    cameras: Annotated[str | None, typer.Option(help="Comma-separated cameras (metaworld: corner, the default; "
-                                                     "libero: image,image2); empty: state only (the default of "
-                                                     "other suites).")] = None,
-    workers: Annotated[int, typer.Option(help="Processes rolling out episodes (metaworld; same dataset for any "
-                                              "number).")] = 1,
-    policy: Annotated[str, typer.Option(help="expert (the suite's scripted expert) or random (any suite: for "
-                                             "pipeline tests, not demonstrations).")] = "expert",
-    max_steps: Annotated[int, typer.Option(help="Step limit per episode; 0: the suite's own.")] = 0,
-    option: Annotated[list[str] | None, typer.Option("--option", help="A suite option KEY=VALUE, e.g. "
-                                                                       "render_quality=fast (repeatable).")] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing dataset.")] = False,
-) -> None:
-    """Record episodes in a simulator (state, action, task text, camera video) as LeRobot v3.0: scripted-expert
-    demonstrations, or random-policy episodes for suites without an expert."""
-    from embodyhpc.errors import UserError
-
-    chosen = [t.strip() for t in tasks.split(",") if t.strip()]
-    if cameras is None:
-        cameras = "corner" if env == "metaworld" else ""
-    camera_list = [c.strip() for c in cameras.split(",") if c.strip()]
-    from embodyhpc.eval.references import reference_policy_names
-
-    if policy not in reference_policy_names():
-        raise UserError(f"unknown policy {policy!r}", key="--policy",
-                        fix=f"use one of: {', '.join(reference_policy_names())}")
-    if env == "metaworld" and policy == "expert" and not option and not max_steps:
-        from embodyhpc.sim.metaworld import MT10_TASKS, generate_demos
-
-        summary = generate_demos(out, chosen or MT10_TASKS[:4], episodes, image_size=image_size, seed=seed,
-                                 overwrite=overwrite, cameras=camera_list, num_workers=workers)
-        typer.echo(f"wrote {summary.num_episodes} episodes ({summary.num_frames} frames, "
-                   f"{summary.size_bytes / 1e6:.2f} MB) of {summary.num_attempted} attempted to {summary.root} "
-                   f"in {summary.wall_s:.0f} s")
-        return
-    _record_suite(out, env, chosen, episodes, image_size, seed, camera_list, policy, max_steps, option or [],
-                  overwrite)
-
-
-def _record_suite(out: Path, env: str, tasks: list[str], episodes: int, image_size: int, seed: int,
-                  cameras: list[str], policy: str, max_steps: int, options: list[str], overwrite: bool) -> None:
-    from embodyhpc.errors import UserError
-    from embodyhpc.eval.record import record_episodes
-    from embodyhpc.eval.references import make_reference_policy, provides
-    from embodyhpc.eval.shards import Episode
-    from embodyhpc.eval.suites import available_suites, make_suite, suite_option_names
-
-    if env not in available_suites():
-        raise UserError(f"unknown simulator {env!r}", key="--env", fix=f"use one of {', '.join(available_suites())}")
-    if not tasks:
-        raise UserError("name the tasks to record", key="--tasks", fix="e.g. --tasks libero_spatial/0")
-    if episodes < 1 or max_steps < 0 or image_size < 1:
-        raise UserError("--episodes and --image-size must be >= 1, --max-steps >= 0", key="--episodes")
-    parsed: dict[str, str] = {}
-    for item in options:
-        key, sep, value = item.partition("=")
-        if not sep or key not in suite_option_names(env):
-            raise UserError(f"{item!r} is not an option of the {env} suite", key="--option",
-                            fix=f"use KEY=VALUE with KEY one of {', '.join(suite_option_names(env)) or 'none'}")
-        parsed[key] = int(value) if value.isdigit() else value
-    try:
-        suite = make_suite(env, tasks, cameras=cameras, image_size=image_size, **parsed)
-    except ValueError as exc:  # the suite's own message names the task, camera or option
-        raise UserError(str(exc), where=f"--env {env}") from None
-    with suite:
-        if not provides(policy, suite):
-            raise UserError(f"the {env} suite has no scripted expert", key="--policy",
-                            fix="pass --policy random to record random-action episodes (pipeline tests)")
-        actor = make_reference_policy(policy, suite)
-        plan = [Episode(task, seed, e) for task in suite.tasks for e in range(episodes)]
-        summary = record_episodes(suite, plan, actor, out, max_steps=max_steps or None, overwrite=overwrite,
-                                  keep_failed=policy == "random")
-    typer.echo(f"wrote {summary.num_episodes} {policy} episodes ({summary.num_frames} frames, {summary.successes} "
-               f"successful) to {summary.root} in {summary.wall_s:.0f} s")
-
-
-@data_app.command("info")
-def data_info(path: Annotated[Path, typer.Argument(help="LeRobot v3.0 folder or HDF5 file.")],
-              as_json: AsJson = False) -> None:
-    """Summarise a dataset: format, episodes, frames, fps, tasks, features."""
-    from embodyhpc.data.info import dataset_info, format_info
-
-    info = dataset_info(path)
-    if as_json:
-        import json
-
-        typer.echo(json.dumps(info, indent=2))
-    else:
-        typer.echo(format_info(info), nl=False)
-
-
-@app.command()
+@app.command(short_help="Preflight this node (GPUs, network, filesystems) for a recipe.")
 def doctor(
     recipe: Annotated[str | None, typer.Argument(help="Recipe whose expectations to check against "
                                                     "(GPUs per node, nodes, runs root, NVMe, network).")] = None,
@@ -418,12 +412,23 @@ def doctor(
     suggest: Annotated[bool, typer.Option("--suggest-network", help="Propose a `network:` section "
                                           "from the RDMA ports found.")] = False,
     probe_mb: Annotated[int, typer.Option(help="NVMe write probe size in MiB (0 skips it).")] = 64,
+    local: Annotated[bool, typer.Option("--local", help="Judge for a run on this machine (submit --local; the "
+                                        "default when no Slurm controller answers).")] = False,
 ) -> None:
-    """Preflight this node: GPUs (NVML), InfiniBand/RoCE ports, filesystems, NVMe, NCCL environment."""
+    """Preflight this node: GPUs (NVML), InfiniBand/RoCE ports, filesystems, NVMe, NCCL environment. With a RECIPE,
+    only what it uses is judged: NVMe only when it stages its dataset; a run on this machine needs no shared runs
+    root and no network profile."""
     from .doctor import doctor_report
 
-    text, code = doctor_report(_load(recipe, overrides, site) if recipe else None, as_json=as_json,
-                               suggest=suggest, probe_bytes=probe_mb << 20)
+    loaded = _load(recipe, overrides, site) if recipe else None
+    if loaded is not None and not local:
+        from embodyhpc.slurm.commands import reachable
+
+        answers, why = reachable()
+        if not answers:  # where submit would run the chain here, judge it as such
+            local = True
+            typer.echo(f"note: no Slurm cluster reachable ({why}): judged for a run on this machine", err=True)
+    text, code = doctor_report(loaded, as_json=as_json, suggest=suggest, probe_bytes=probe_mb << 20, local=local)
     typer.echo(text, nl=False)
     raise typer.Exit(code)
 
@@ -431,7 +436,13 @@ def doctor(
 def main() -> None:
     from embodyhpc.errors import RunFailure, UserError
 
+    from .options import misplaced_override
+
     try:
+        wrong = misplaced_override(sys.argv[1:])
+        if wrong is not None:
+            raise UserError("overrides are key=value, e.g. train.steps=100", where=wrong[0],
+                            fix=f"write {wrong[1]}")
         app()
     except UserError as exc:
         if os.environ.get("EMBODYHPC_DEBUG"):
@@ -443,6 +454,11 @@ def main() -> None:
             raise
         typer.echo("error: " + " ".join(str(exc).split()), err=True)  # one line, even for a tool's stderr
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's convention (128 + SIGINT), no traceback
+        if os.environ.get("EMBODYHPC_DEBUG"):
+            raise
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ from typing import Annotated
 
 import typer
 
+from .options import RunDir, RunsRoot
+
 
 def resume_cmd(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory printed by `embodyhpc submit`.")],
+    run: RunDir,
     overrides: Annotated[list[str] | None, typer.Argument(
         help="key=value to change: resources, parallelism, train.micro_batch_size, train.steps (raise it to train "
              "on), site and staging keys. The global batch size, model, data and optimizer stay.")] = None,
@@ -21,13 +23,15 @@ def resume_cmd(
     local: Annotated[bool, typer.Option("--local", help="Run the chain on this machine, no Slurm.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check and render; change and submit nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    runs_root: RunsRoot = None,
 ) -> None:
     """Continue a stopped run in its folder from its newest complete checkpoint, on the same or another number of
     nodes, the same MLflow run going on; evaluation and report follow as after `submit`."""
     from embodyhpc import resume as resuming
 
-    from .main import _print_run, _python
+    from .main import _print_run, _python, _run_dir
 
+    run_dir = _run_dir(run, site, runs_root)
     extra = [f"resources.nodes={nodes}"] if nodes is not None else []
     plan = resuming.plan_resume(run_dir, [*extra, *(overrides or [])], site=site, exclude=exclude)
     if dry_run:

@@ -23,7 +23,9 @@ def _progress_text(status) -> str:
 
 def status_report(run_dir: Path, *, as_json: bool = False) -> str:
     from embodyhpc.errors import RunDirError
-    from embodyhpc.slurm.status import read_states
+    from embodyhpc.runstate import chain_states, run_state, train_progress
+
+    from .runs import progress_json, progress_text
 
     info = RunInfo.load(run_dir)
     evals, eval_infos, broken = [], [], {}
@@ -33,8 +35,8 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
             evals.append(path)
         except RunDirError as exc:
             broken[path.name] = exc.one_line()
-    earlier = [dataclasses.replace(info, jobs=a.jobs, backend=a.backend) for a in info.attempts]
-    (statuses, *rest), from_disk = read_states([info, *earlier, *eval_infos])  # one sacct for all
+    earlier = [dataclasses.replace(info, jobs=a.jobs, backend=a.backend, driver=None) for a in info.attempts]
+    (statuses, *rest), from_disk = chain_states([info, *earlier, *eval_infos])  # one sacct for all
     attempt_statuses, eval_statuses = rest[:len(earlier)], rest[len(earlier):]
     report = read_report(Path(info.run_dir))
     if from_disk is not None:
@@ -42,6 +44,9 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
         eval_statuses = [_disk_states(s, read_report(p)) for p, s in zip(evals, eval_statuses, strict=True)]
     note = (f"note: sacct failed ({from_disk}); the states below come from disk (run.json, report.json) and may "
             "be out of date" if from_disk is not None else None)
+    state, job, _ = run_state(statuses)
+    progress = train_progress(info.run_dir)
+    training = any(s.kind == "train" and not s.finished for s in statuses)
     if as_json:
         by_eval = {path.name: {"run_dir": str(path), "jobs": [dataclasses.asdict(s) for s in jobs],
                                "report": read_report(path)} for path, jobs in zip(evals, eval_statuses, strict=True)}
@@ -51,7 +56,8 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
                      for a, jobs in zip(info.all_attempts(), [*attempt_statuses, statuses], strict=True)]
         return json.dumps({"run_dir": info.run_dir, "backend": info.backend,
                            "states_from": "slurm" if from_disk is None and info.backend == "slurm" else "disk",
-                           "note": note, "attempt": info.attempt, "jobs": [dataclasses.asdict(s) for s in statuses],
+                           "note": note, "state": state, "state_of": job, "progress": progress_json(progress),
+                           "attempt": info.attempt, "jobs": [dataclasses.asdict(s) for s in statuses],
                            "attempts": attempts, "report": report, "evals": by_eval}, indent=2) + "\n"
     lines = [f"run {info.run_dir} ({info.backend}; {info.recipe}" + (f" + {info.site})" if info.site else ")")]
     lines += [note] if note else []
@@ -64,6 +70,8 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
             code = "-" if s.exit_code is None else str(s.exit_code)
             lines.append(f"{s.kind:<7} {s.job_id or '-':<10} {s.state:<11} {code:<5} {s.nodes or '-':<10} "
                          f"{_progress_text(s)}".rstrip())
+    if progress is not None:
+        lines.append(f"training: {progress_text(progress, running=training)}")
     lines += _report_lines(report)
     if evals or broken:
         lines.append("evaluations while training:")
@@ -124,7 +132,7 @@ def local_summary(run_dir: Path) -> str:
 def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iterator[str]:
     from embodyhpc.runlogs import follow as follow_logs
     from embodyhpc.runlogs import log_files
-    from embodyhpc.slurm.status import read_states
+    from embodyhpc.runstate import chain_states
 
     info = RunInfo.load(run_dir)
     if not follow:
@@ -141,7 +149,7 @@ def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iter
     lost: list[str] = []  # why Slurm stopped answering, if it did
 
     def done() -> bool:
-        (states,), from_disk = read_states([RunInfo.load(run_dir)])
+        (states,), from_disk = chain_states([RunInfo.load(run_dir)])
         if from_disk is not None and info.backend == "slurm":  # no telling when the job ends: print what is there
             lost.append(from_disk)
             return True
@@ -153,3 +161,38 @@ def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iter
 
         raise SlurmError(f"stopped following: sacct failed ({lost[0]}), so the jobs' states are unknown; "
                          f"run `embodyhpc logs {run_dir} -f` again once Slurm answers")
+
+
+def watch(run_dir: Path, *, interval_s: float, live) -> int:
+    """`status --watch`: one progress line (state, the job it is about, training's step, loss, throughput, ETA)
+    until every job of the run has ended, then the full status. Returns the exit code: 0 when every job completed
+    and the report (if any) says complete, 1 otherwise. Ctrl-C is the caller's (the run goes on)."""
+    import time
+
+    from embodyhpc.errors import SlurmError
+    from embodyhpc.runstate import chain_states, run_state, train_progress
+
+    from .runs import progress_text
+
+    while True:
+        info = RunInfo.load(run_dir)
+        (statuses,), from_disk = chain_states([info])
+        if from_disk is not None and info.backend == "slurm":
+            live.close()
+            raise SlurmError(f"stopped watching: sacct failed ({from_disk}), so the jobs' states are unknown; run "
+                             f"`embodyhpc status {run_dir} --watch` again once Slurm answers")
+        state, job, reason = run_state(statuses)
+        finished = bool(statuses) and all(s.finished for s in statuses)
+        progress = train_progress(info.run_dir)
+        training = any(s.kind == "train" and not s.finished for s in statuses)
+        text = f"{state}" + (f" ({job})" if job and state != "COMPLETED" else "")
+        if progress is not None:
+            text += f": {progress_text(progress, running=training)}"
+        elif reason and not finished:
+            text += f": {reason}"
+        live.show(text, force=finished)
+        if finished:
+            live.close()
+            outcome = (read_report(Path(info.run_dir)) or {}).get("outcome", "complete")
+            return 0 if state == "COMPLETED" and outcome == "complete" else 1  # as `submit --local` would exit
+        time.sleep(interval_s)

@@ -183,6 +183,9 @@ class RunInfo:
     collect this evaluation's numbers)."""
     schema_version: int = RUN_JSON_VERSION
     """The layout this run.json was read in (RUN_JSON_VERSION); saving writes the current one."""
+    driver: str | None = None
+    """Local backend: `HOST:PID` of the process that runs the chain (the `embodyhpc submit` that started it). Once
+    that process is gone, states run.json still calls active are stale (status says INTERRUPTED)."""
     attempt: int = 1
     """The number of the newest attempt, which `jobs`, `backend`, `site` and `python` describe (1: the submit)."""
     resumed_from_step: int | None = None
@@ -211,6 +214,7 @@ class RunInfo:
         self.backend, self.site, self.python = backend, site, python
         self.attempt_overrides, self.resumed_from_step = list(overrides), resumed_from_step
         self.attempt_created = created
+        self.driver = None  # the new attempt's chain records its own
 
     def save(self) -> None:
         self.schema_version = RUN_JSON_VERSION
@@ -263,7 +267,7 @@ _RUN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "created": ((str,), True), "mlflow_run_id": ((str, type(None)), False), "parent_run": ((str, type(None)), False),
     "schema_version": ((int,), False), "attempt": ((int,), False),
     "resumed_from_step": ((int, type(None)), False), "attempt_overrides": ((list,), False),
-    "attempt_created": ((str, type(None)), False),
+    "attempt_created": ((str, type(None)), False), "driver": ((str, type(None)), False),
 }
 _ATTEMPT_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "number": ((int,), True), "created": ((str,), True), "backend": ((str,), True), "site": ((str, type(None)), True),
@@ -473,3 +477,107 @@ def write_private(path: Path, text: str) -> None:
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+
+
+# ---- finding runs by name under a runs root (`embodyhpc runs`, and RUN arguments given as a name or `latest`) ----
+LATEST = "latest"
+"""The RUN argument that means the newest run under the runs root."""
+_STAMP_RE = re.compile(r"-(\d{8}-\d{6})(?:-(\d+))?$")  # the suffix new_run_dir gives every run folder
+_PLAIN_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]*$")
+
+
+def run_folders(runs_root: str | Path) -> list[Path]:
+    """Every run folder under `<runs_root>/<experiment>/` (one holding a run.json, even a damaged one), newest first.
+
+    Folders without run.json (a dataset kept under the runs root, a run folder whose submit failed before writing
+    it) are not runs. Nothing outside the runs root is listed: a symlinked experiment or run folder that leads out
+    of it is skipped. Evaluations under a run's evals/ belong to that run and are not listed apart."""
+    root = Path(runs_root).expanduser().resolve()
+    found: list[Path] = []
+    for experiment in _subfolders(root, root):
+        found += [run for run in _subfolders(experiment, root)
+                  if (run / RUN_JSON).exists() or (run / RUN_JSON).is_symlink()]
+    return sorted(found, key=run_created_key, reverse=True)
+
+
+def _subfolders(folder: Path, root: Path) -> list[Path]:
+    try:
+        entries = list(folder.iterdir())
+    except OSError:  # unreadable, or vanished while we looked: nothing listed from it
+        return []
+    out = []
+    for entry in entries:
+        try:
+            if entry.is_dir() and entry.resolve().is_relative_to(root):
+                out.append(entry)
+        except OSError:
+            continue
+    return sorted(out)
+
+
+def run_created_key(run: Path) -> tuple[str, int, float]:
+    """Sorts runs by when `submit` made them: the time stamp in the folder name (run.json is rewritten at every
+    state change, so its mtime would put an old run that just finished first); the folder's mtime for a renamed
+    folder without one."""
+    match = _STAMP_RE.search(run.name)
+    if match:
+        return match.group(1), int(match.group(2) or 0), 0.0
+    try:
+        mtime = run.stat().st_mtime
+    except OSError:
+        mtime = 0.0
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(mtime)), 0, mtime
+
+
+def find_run(ref: str | Path, runs_root: str | Path) -> Path:
+    """The run folder a RUN argument means: a folder that exists (as always), `latest` (the newest run under the
+    runs root), a run's folder name (`demo-metaworld-20261125-170000`), a unique start of one (`demo-metaworld`
+    when only one run starts so), or `EXPERIMENT/NAME` relative to the runs root.
+
+    An unknown or ambiguous name is a one-line RunDirError (exit 2) listing the nearest runs. Text with a '/' that
+    names no run is returned as the path it is (RunInfo.load then says it holds no run.json); other text that is no
+    plain name (a glob or control character, a leading '.') is refused. Names are compared as text: nothing is
+    globbed, and only runs inside the runs root (run_folders) are candidates."""
+    text = str(ref)
+    path = Path(text).expanduser()
+    if text and path.exists():
+        return path
+    root = Path(runs_root).expanduser().resolve()
+    runs = run_folders(root)
+    where = f"RUN {text!r}"
+    if text == LATEST:
+        if not runs:
+            raise RunDirError(f"there is no run under {root} yet", where=where,
+                              fix="submit one, or point --runs-root (or --site) at the runs root that holds yours")
+        return runs[0]
+    named = {_run_label(run, root): run for run in runs}
+    if text in named:  # EXPERIMENT/NAME
+        return named[text]
+    if "/" in text:  # a path after all: RunInfo.load says what is wrong with it
+        return path
+    if not text or _NO_CONTROL.search(text) or not _PLAIN_NAME_RE.match(text):
+        raise RunDirError("no such run folder, and not a run name (letters, digits, '.', '_', '+', '-')",
+                          where=where,
+                          fix=f"pass a run folder, a name `embodyhpc runs` lists, or {LATEST}")
+    matches = [run for run in runs if run.name == text] or [run for run in runs if run.name.startswith(text)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        listed = ", ".join(_run_label(run, root) for run in matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise RunDirError(f"{len(matches)} runs under {root} match: {listed}", where=where,
+                          fix="use more of the name, EXPERIMENT/NAME, or the run folder")
+    import difflib
+
+    label_of = {run.name: _run_label(run, root) for run in reversed(runs)}  # the newest run of a name wins
+    nearest = [label_of[name] for name in difflib.get_close_matches(text, list(label_of), n=3, cutoff=0.5)]
+    if not nearest and runs:
+        nearest = [_run_label(run, root) for run in runs[:3]]  # the newest, as a hint of what exists
+    hint = f"nearest: {', '.join(nearest)}" if nearest else "the runs root holds no runs"
+    raise RunDirError(f"no run of that name under {root} ({hint})", where=where,
+                      fix="`embodyhpc runs` lists them; --runs-root (or --site) picks another runs root")
+
+
+def _run_label(run: Path, root: Path) -> str:
+    """EXPERIMENT/NAME of a run folder under the runs root."""
+    return f"{run.parent.name}/{run.name}" if run.parent.parent == root else str(run)
+

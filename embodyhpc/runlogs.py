@@ -1,12 +1,16 @@
-"""Find and follow the per-task log files submitit writes for each job of a run."""
+"""Find and follow the per-task log files submitit writes for each job of a run; read the last step the training
+job logged to its metrics file."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from embodyhpc.rundir import RunInfo, submitit_folder
+from embodyhpc.rundir import METRICS_FILE, RunInfo, submitit_folder
 
 
 def log_files(info: RunInfo, kind: str | None = None) -> list[tuple[str, Path]]:
@@ -70,3 +74,51 @@ def follow(paths: Callable[[], list[tuple[str, Path]]], done: Callable[[], bool]
         if finished:
             return
         time.sleep(poll_s)
+
+
+# ---- training progress, from the metrics file the training job appends to ----
+_METRICS_TAIL_BYTES = 64 << 10  # the last logged steps; a line is a few hundred bytes
+
+
+@dataclass(frozen=True)
+class MetricsLine:
+    """The last step the training job logged (METRICS_FILE) and when the file last changed."""
+
+    step: int
+    values: dict[str, float]
+    """Every finite number of the line (loss, lr, step_time_s, tokens_per_s, ...)."""
+    updated: float
+    """The file's mtime (seconds since the epoch)."""
+
+
+def read_last_metrics(run_dir: str | Path) -> MetricsLine | None:
+    """The last complete line of METRICS_FILE; None before the first logged step. Reads only the file's tail; a
+    line still being written, or one that is not a metrics record, is passed over for the one before it."""
+    path = Path(run_dir) / METRICS_FILE
+    try:
+        if not path.is_file():  # no FIFO to hang on
+            return None
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - _METRICS_TAIL_BYTES))
+            tail = f.read(_METRICS_TAIL_BYTES)
+            updated = os.fstat(f.fileno()).st_mtime
+    except OSError:
+        return None
+    lines = tail.split(b"\n")
+    complete = lines[:-1] if not tail.endswith(b"\n") else lines
+    for raw in reversed(complete):
+        try:
+            record = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        except (ValueError, RecursionError):
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            values = {k: float(v) for k, v in record.items()
+                      if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+            return MetricsLine(step, values, updated)
+    return None
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a metrics line holds")

@@ -10,12 +10,10 @@ import dataclasses
 import shlex
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from embodyhpc.config.load import LoadedRecipe
-from embodyhpc.config.schema import JobConfig
-from embodyhpc.orchestrate.api import run_chain, start_run
-from embodyhpc.orchestrate.plan import chain_kinds, chain_plan
 from embodyhpc.rundir import (
     SMOKE_REQUEST_FILE,
     RunInfo,
@@ -25,8 +23,14 @@ from embodyhpc.rundir import (
     script_file,
     write_json_atomic,
 )
-from embodyhpc.slurm.render import render_job
 
+if TYPE_CHECKING:
+    from embodyhpc.config.load import LoadedRecipe
+    from embodyhpc.config.schema import JobConfig
+    from embodyhpc.runstate import TrainProgress
+
+# the chain's machinery (config loading, Jinja, orchestration) is imported where a run is started, not here:
+# status, logs, runs and cancel import this module and stay quick
 Progress = Callable[[str], None]
 
 
@@ -36,11 +40,32 @@ def default_run_dir(job: JobConfig) -> Path:
     return root / job.experiment / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def runs_root(site: str | None = None, explicit: str | Path | None = None) -> Path:
+    """Where run names, `latest` and `embodyhpc runs` look: `explicit` (--runs-root), else the site profile's
+    job.runs_root (--site or $EMBODYHPC_SITE), else the schema's default (./runs)."""
+    from embodyhpc.config.load import site_runs_root
+
+    return Path(explicit if explicit is not None else site_runs_root(site)).expanduser().resolve()
+
+
+def find_run_dir(ref: str | Path, *, site: str | None = None, root: str | Path | None = None) -> Path:
+    """The run folder a RUN argument names: an existing folder, a run name or `latest` (rundir.find_run) under
+    runs_root(site, root). Every command that takes a run folder resolves it here. An existing folder is used as
+    it is, without reading the site profile."""
+    from embodyhpc.rundir import find_run
+
+    if str(ref) and Path(str(ref)).expanduser().exists():
+        return Path(str(ref)).expanduser()
+    return find_run(ref, runs_root(site, root))
+
+
 def preflight(loaded: LoadedRecipe, python: str, *, submitting: bool, eval_only: bool = False) -> list[str]:
     """What validate, render, --dry-run and submit all check before anything exists: the paths jobs will read
     (config/paths.py) and every template of the chain (a broken or refused template fails here, as in render).
     Returns warnings; errors raise ConfigError."""
     from embodyhpc.config.paths import check_paths
+    from embodyhpc.orchestrate.plan import chain_kinds
+    from embodyhpc.slurm.render import render_job
 
     warnings = check_paths(loaded, submitting=submitting, training=not eval_only)
     for kind in chain_kinds(loaded, eval_only=eval_only):
@@ -48,7 +73,32 @@ def preflight(loaded: LoadedRecipe, python: str, *, submitting: bool, eval_only:
     return warnings
 
 
-def dry_run(loaded: LoadedRecipe, python: str, progress: Progress = print) -> str:
+@dataclass
+class PlannedJob:
+    """One job a dry run would hand to sbatch."""
+
+    kind: str
+    sbatch_args: list[str]
+    """The options on sbatch's command line (dependencies on the placeholder ids `<train>`, `<eval>`, ...)."""
+    script_path: str
+    script: str
+
+
+@dataclass
+class DryRun:
+    run_dir: str
+    """The folder submit would create now."""
+    jobs: list[PlannedJob]
+
+    def text(self) -> str:
+        out = [f"# dry run: nothing submitted; run directory would be {self.run_dir}"]
+        for job in self.jobs:
+            out.append(f"# sbatch {''.join(f'{arg} ' for arg in job.sbatch_args)}{shlex.quote(job.script_path)}")
+            out.append(job.script)
+        return "\n".join(out)
+
+
+def dry_run(loaded: LoadedRecipe, python: str, progress: Progress = print) -> DryRun:
     """The scripts submit would hand to sbatch, after the checks submit makes (environment, paths, templates)."""
     import os
 
@@ -56,16 +106,16 @@ def dry_run(loaded: LoadedRecipe, python: str, progress: Progress = print) -> st
     for warning in preflight(loaded, python, submitting=True):
         progress(f"warning: {warning}")
     from embodyhpc.orchestrate.backend_slurm import dependency_args
+    from embodyhpc.orchestrate.plan import chain_plan
+    from embodyhpc.slurm.render import render_job
 
     run_dir = default_run_dir(loaded.config.job)
     plan = chain_plan(loaded)
     placeholders = {job.kind: f"<{job.kind}>" for job in plan}  # the job ids sbatch would answer
-    out = [f"# dry run: nothing submitted; run directory would be {run_dir}"]
-    for job in plan:
-        deps = "".join(f"{arg} " for arg in dependency_args(job, placeholders))
-        out.append(f"# sbatch {deps}{shlex.quote(str(script_file(run_dir, job.kind)))}")
-        out.append(render_job(loaded, job.kind, run_dir, python))
-    return "\n".join(out)
+    return DryRun(str(run_dir), [PlannedJob(job.kind, dependency_args(job, placeholders),
+                                            str(script_file(run_dir, job.kind)), render_job(loaded, job.kind, run_dir,
+                                                                                             python))
+                                 for job in plan])
 
 
 def check_environment(loaded: LoadedRecipe, environ: dict[str, str], progress: Progress) -> None:
@@ -100,15 +150,18 @@ def check_environment(loaded: LoadedRecipe, environ: dict[str, str], progress: P
 
 
 def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: Progress = print,
-           eval_only: bool = False, mlflow_parent: str | None = None) -> RunInfo:
+           eval_only: bool = False, mlflow_parent: str | None = None,
+           on_train_progress: Callable[[TrainProgress], None] | None = None) -> RunInfo:
     """Create the run directory and submit the chain (Slurm when reachable, else locally).
 
     eval_only: the evaluation array and the report only (`embodyhpc eval`), after an export job when eval.weights
     is a checkpoint folder; `mlflow_parent` is then the training run's MLflow run the report attaches its child
-    run to.
+    run to. on_train_progress: a chain that runs here calls it from a thread of its own whenever training logged
+    a new step (runlogs.read_last_metrics), until the chain ends.
     """
     import os
 
+    from embodyhpc.orchestrate.api import run_chain, start_run
     from embodyhpc.slurm import commands
 
     check_environment(loaded, dict(os.environ), progress)
@@ -134,14 +187,53 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
         shutil.rmtree(run_dir, ignore_errors=True)  # no run folder without run.json
         raise
     progress(f"run directory: {run_dir}")
-    return run_chain(loaded, info, progress=progress, eval_only=eval_only)
+    if backend != "local" or on_train_progress is None or eval_only:
+        return run_chain(loaded, info, progress=progress, eval_only=eval_only)
+    with _ProgressPoller(run_dir, on_train_progress):
+        return run_chain(loaded, info, progress=progress, eval_only=eval_only)
+
+
+class _ProgressPoller:
+    """Calls `report` with training's progress each time the metrics file has a new step, from a daemon thread."""
+
+    POLL_S = 1.0
+
+    def __init__(self, run_dir: Path, report: Callable[[TrainProgress], None]) -> None:
+        import threading
+
+        self.run_dir, self.report = run_dir, report
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, name="train-progress", daemon=True)
+
+    def __enter__(self) -> _ProgressPoller:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+    def _poll(self) -> None:
+        from embodyhpc.runstate import train_progress
+
+        last = None
+        while not self.stop.wait(self.POLL_S):
+            found = train_progress(self.run_dir)
+            if found is not None and found.step != last:
+                last = found.step
+                try:
+                    self.report(found)
+                except Exception:  # noqa: BLE001 - a display that failed must not touch the chain
+                    return
 
 
 def submit_smoke(loaded: LoadedRecipe, python: str, *, steps: int, size: str, progress: Progress = print) -> RunInfo:
     """`embodyhpc smoke --submit`: a run directory holding the recipe and one smoke job on one node."""
     from embodyhpc.errors import UserError
+    from embodyhpc.orchestrate.api import start_run
     from embodyhpc.orchestrate.api import submit_smoke as submit_job
     from embodyhpc.slurm import commands
+    from embodyhpc.slurm.render import render_job
 
     ok, why = commands.reachable()
     if not ok:

@@ -20,7 +20,7 @@ import yaml
 from embodyhpc.config import guards
 from embodyhpc.config.coerce import build, field_types
 from embodyhpc.config.resolve import Resolved, resolve
-from embodyhpc.config.schema import SITE_KEYS, Config
+from embodyhpc.config.schema import SITE_KEYS, Config, JobConfig
 from embodyhpc.config.yamlio import MAX_BYTES, YAMLLimitError
 from embodyhpc.config.yamlio import load_yaml as _yaml_load
 from embodyhpc.errors import ConfigError
@@ -257,6 +257,24 @@ def _site_source(site: str | None) -> Source | None:
     if ref is None:
         return None
     return find_recipe(ref, subdir="sites")
+
+
+def site_runs_root(site: str | None) -> str:
+    """The runs root a site profile sets (`site`, else $EMBODYHPC_SITE), else the schema's default: where
+    `embodyhpc runs` looks and RUN names resolve. The profile is parsed and checked as `submit` would."""
+    source = _site_source(site)
+    data = _parse(source) if source is not None else {}
+    if source is not None:
+        _check_site_keys(data, source.name)
+        guards.check_layer(data, source.name, is_site=True)
+    value = (data.get("job") or {}).get("runs_root") if isinstance(data.get("job"), dict) else None
+    if value is None:
+        return JobConfig().runs_root
+    try:  # the checks submit makes (a string, no '%', not too long)
+        build(JobConfig, {"runs_root": value}, "job.")
+    except ConfigError as exc:
+        raise ConfigError(exc.message, where=source.name if source else None, key=exc.key, fix=exc.fix) from exc
+    return str(value)
 
 
 def _first_line(exc: BaseException) -> str:

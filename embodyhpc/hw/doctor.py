@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from embodyhpc.config import nccl_values
 from embodyhpc.config.network import NetworkConfig
+from embodyhpc.config.schema import Config
 from embodyhpc.errors import ConfigError, UserError
 from embodyhpc.hw import report
 from embodyhpc.hw.checks import Check, Status, fail, ok, warn, worst
@@ -53,6 +54,8 @@ class DoctorOptions:
     """The mount table to classify filesystems with."""
     probe_torch: bool = True
     """Import torch to report its CUDA and NCCL versions (~2 s)."""
+    judge_gpus: bool = True
+    """False for a job that uses no GPU: the GPUs are listed, never a warning or failure."""
 
     def __post_init__(self) -> None:
         for name in ("nvme_probe_bytes", "expected_gpus", "nvme_required_bytes"):
@@ -97,6 +100,32 @@ class DoctorReport:
         return report.to_text(self)
 
 
+def recipe_scope(config: Config, *, local: bool = False, **options) -> tuple[DoctorOptions, NetworkConfig | None,
+                                                                             list[str]]:
+    """What of this node a recipe uses: the DoctorOptions and network profile to judge it by, and one line for each
+    part left unjudged and why (`doctor RECIPE` prints them). `options` are further DoctorOptions fields.
+
+    A run on this machine (`local`: `submit --local`, or no Slurm controller answering, when submit runs it here
+    too) has its nodes as processes of one machine: its runs root need not be shared, and its network profile is
+    not used. The NVMe folder matters only when the recipe stages its dataset there."""
+    skipped: list[str] = []
+    fields: dict = {"runs_root": config.job.runs_root, "expected_gpus": config.resources.gpus_per_node or None,
+                    "num_nodes": 1 if local else config.resources.nodes}
+    if not config.resources.gpus_per_node:
+        fields["judge_gpus"] = False
+        skipped.append("gpus: not judged, the recipe uses none (resources.gpus_per_node=0)")
+    if config.staging.enabled:
+        fields["nvme_path"] = config.staging.nvme_dir
+    else:
+        skipped.append("nvme: not checked, the recipe does not stage its dataset (staging.enabled=false)")
+    if local and config.resources.nodes > 1:
+        skipped.append(f"runs_fs: judged for a run on this machine ({config.resources.nodes} nodes as local "
+                       "processes), which needs no shared filesystem")
+    if local:
+        skipped.append("network: the recipe's network profile is not judged for a run on this machine")
+    return DoctorOptions(**{**fields, **options}), None if local else config.network, skipped
+
+
 def _node_name(environ: Mapping[str, str]) -> str:
     # Slurm's own node name is what `--exclude` takes; it can differ from the host name
     return environ.get("SLURMD_NODENAME") or socket.gethostname()
@@ -118,9 +147,11 @@ def run_doctor(options: DoctorOptions | None = None, *, network: NetworkConfig |
         result.gpu_backend, result.gpu_note = backend.name, backend.note
         result.driver_version = backend.driver_version()
         result.gpus = backend.health()
-        checks += check_gpus(backend, result.gpus, options.expected_gpus, options.temperature_warn_c)
+        if options.judge_gpus:
+            checks += check_gpus(backend, result.gpus, options.expected_gpus, options.temperature_warn_c)
     except Exception as exc:  # a broken driver is a verdict on the node, not a crash
-        checks.append(fail("gpus", f"NVML query failed: {exc}"))
+        if options.judge_gpus:
+            checks.append(fail("gpus", f"NVML query failed: {exc}"))
     finally:
         if gpu_backend is None:
             backend.close()

@@ -37,6 +37,7 @@ from embodyhpc.launch import distributed, observe
 from embodyhpc.rundir import (
     ATTEMPTS_FILE,
     CHECKPOINTS_DIR,
+    METRICS_FILE,
     RESULT_FILE,
     SPINE_STATE_FILE,
     replace_atomically,
@@ -264,6 +265,11 @@ def _spine_loop(dist_env: distributed.DistEnv, train: TrainConfig, ckpt: Checkpo
     t0 = time.monotonic()
     loss = torch.tensor(0.0)
     stopped_by, stopped_at = None, None
+    # the metrics file the policy trainer writes too, so that status and submit show this run's progress alike
+    from embodyhpc.train.metrics import JsonlMetricsSink
+
+    metrics = JsonlMetricsSink(run_dir / METRICS_FILE, resume_step=start_step) if rank == 0 else None
+    logged_at, logged_step = time.monotonic(), start_step
     for step in range(start_step, train.steps):
         gen = torch.Generator().manual_seed(train.seed * 1_000_003 + step * world + rank)
         x = torch.randn(per_rank, _DIM, generator=gen)
@@ -278,6 +284,10 @@ def _spine_loop(dist_env: distributed.DistEnv, train: TrainConfig, ckpt: Checkpo
         loss = stats[-1]
         if rank == 0 and (step + 1) % train.log_every == 0:
             print(f"step {step + 1}/{train.steps} loss {loss.item():.6f}", flush=True)
+            now = time.monotonic()
+            metrics.write(step + 1, {"loss": loss.item(),  # type: ignore[union-attr]
+                                     "step_time_s": (now - logged_at) / max(step + 1 - logged_step, 1)})
+            logged_at, logged_step = now, step + 1
         if step + 1 == train.steps:
             break
         stopped_by = stop.agreed()  # every rank, every step boundary
@@ -290,6 +300,8 @@ def _spine_loop(dist_env: distributed.DistEnv, train: TrainConfig, ckpt: Checkpo
             print(f"rank {rank}: {stopped_by} received, stopping at step {stopped_at}", flush=True)
             dist.barrier()  # no rank leaves (and rank 0 requeues only) once the state file is in place
             break
+    if metrics is not None:
+        metrics.close()
     return {
         "mode": "spine",
         "allreduce_sum": probe.item(),

@@ -10,8 +10,10 @@ their own.
 
 from __future__ import annotations
 
+import os
 import queue
 import re
+import socket
 import threading
 import time
 from collections import Counter
@@ -73,6 +75,7 @@ def run_local_plan(loaded: LoadedRecipe, run_dir: Path, info: RunInfo, plan: lis
 
     cfg = loaded.config
     folder = submitit_folder(run_dir)
+    info.driver = f"{socket.gethostname()}:{os.getpid()}"  # status: once this process is gone, so is the chain
 
     def executor(kind: str, tasks: int) -> submitit.LocalExecutor:
         ex = submitit.LocalExecutor(folder=folder)

@@ -376,10 +376,12 @@ class DemoSummary:
 
 
 def _progress(enabled: bool, total: int) -> tuple[Any, Callable[..., None]]:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # stderr: stdout is the summary line a script reads (rich's default console is stdout; piped, it printed there)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        disable=not enabled)
+                        disable=not enabled, console=Console(stderr=True))
     task_id = progress.add_task("expert demos", total=total)
     return progress, lambda **kwargs: progress.update(task_id, **kwargs)
 

@@ -119,24 +119,28 @@ class StageResult:
     """The verify mode of the run (stage.py's docstring)."""
     num_files_rehashed: int = 0
     """Staged files read and re-hashed in this run (rechecks, every file with verify="full", repairs)."""
+    copy_s: float = 0.0
+    """Seconds spent copying (the phases the progress bar shows): the copy rate is over these, as the bar's is, not
+    over elapsed_s, which adds scanning, verification and the final flush."""
 
     def summary(self) -> str:
-        rate = format_bytes(self.num_bytes_copied / max(self.elapsed_s, 1e-9))
+        rate = format_bytes(self.num_bytes_copied / self.copy_s) if self.copy_s > 0 else format_bytes(0)
         return (f"staged {self.src} -> {self.dest}: {self.num_files_copied} files copied "
-                f"({format_bytes(self.num_bytes_copied)}, {rate}/s), {self.num_files_skipped} unchanged, "
+                f"({format_bytes(self.num_bytes_copied)} at {rate}/s), {self.num_files_skipped} unchanged, "
                 f"{self.num_files_removed} removed, {self.num_files_repaired} repaired, "
                 f"{self.num_files_rehashed} re-hashed, {'verified' if self.verified else 'not verified'} "
                 f"({self.verify}), {self.elapsed_s:.1f} s")
 
 
 def stage(src: str | os.PathLike, dest: str | os.PathLike, *, workers: int = 8, verify: bool | str = "quick",
-          progress: bool = True) -> StageResult:
+          progress: bool = True, summary: bool = True) -> StageResult:
     """Mirror the folder `src` into `dest` (created if missing) and return what was done.
 
     workers: copy threads. verify: "quick" (default, True), "full" or "none" (False), see the module docstring:
     quick re-hashes only staged files whose stat signature moved, full re-hashes the whole staged copy from
     the device, none trusts size and mtime. Files that do not match are copied again. progress: a bar on a
-    terminal, a line every 10 s otherwise, and a summary line at the end, all on stderr.
+    terminal, a line every 10 s otherwise, and (summary) a summary line at the end, all on stderr; `embodyhpc stage`
+    prints its summary on stdout instead.
     Raises StageInputError (bad arguments), NotEnoughSpaceError (before anything is copied), StagingError,
     and StagedDataError when a file still differs after being copied again.
     """
@@ -169,7 +173,7 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, workers: int = 8, 
     finally:
         if gc_was_enabled:
             gc.enable()
-    if progress:
+    if progress and summary:
         _print_stderr(result.summary())
     return result
 
@@ -187,6 +191,7 @@ class _StageRun:
         self.fast_stats = False
         self.window = workers * TASKS_PER_WORKER
         self.progress = progress
+        self.copy_s = 0.0  # time in _copy, for the summary's rate
         self.manifest = Manifest(src)
         self._flushed_at = 0.0
         self._unsynced = False
@@ -251,7 +256,7 @@ class _StageRun:
             num_files_skipped=len(plan.unchanged) - repaired_unchanged,
             num_files_removed=sum(not rel.endswith(PARTIAL_SUFFIX) for rel in plan.remove_files),
             num_bytes_copied=num_bytes, elapsed_s=time.monotonic() - start, verified=mode != "none",
-            num_files_repaired=len(damaged), verify=mode, num_files_rehashed=rehashed)
+            num_files_repaired=len(damaged), verify=mode, num_files_rehashed=rehashed, copy_s=self.copy_s)
 
     def _record_signatures(self, matched: dict[str, tuple[int, int]]) -> bool:
         """Record the signatures of re-hashed files that matched; True when any entry changed."""
@@ -342,6 +347,7 @@ class _StageRun:
                     task.files)
                 return serial if small else pool
 
+        started = time.monotonic()
         with Progress(label, sum(f.size for f in files), len(files), enabled=self.progress) as bar:
             try:
                 run_tasks(self.pool, make_tasks(files, chunk_bytes, start_large), work, on_result,
@@ -349,6 +355,8 @@ class _StageRun:
             except BaseException:
                 self._flush()  # what finished stays finished, however the run stops (run() writes it on success)
                 raise
+            finally:
+                self.copy_s += time.monotonic() - started
         return num_bytes
 
     def _record(self, f: SourceFile, copied: Copied) -> int:

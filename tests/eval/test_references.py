@@ -53,7 +53,7 @@ def test_an_evaluation_shard_runs_a_registered_reference_policy(registries, tmp_
     its row, in the recipe's order, without any code naming it."""
     from embodyhpc.launch.eval import eval_shard_task, shard_file
     from embodyhpc.rundir import make_run_dir
-    from embodyhpc.submit import start_run
+    from embodyhpc.orchestrate.api import start_run
 
     suites.register_suite("line", ClosingLineSuite)
     references.register_reference_policy("forward", lambda suite: ConstantPolicy(1.0))

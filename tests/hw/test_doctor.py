@@ -164,3 +164,48 @@ def test_out_of_range_nccl_variables_on_the_node_are_a_warning(node):
     assert check.status is Status.WARN and report.exit_code() == 0
     assert "NCCL_IB_RETRY_CNT=10 is out of range: 0-7" in check.reason
     assert "NCCL_IB_TIMEOUT='022' is not a plain decimal integer" in check.reason
+
+
+def _scoped(node_options, recipe_overrides, *, local):
+    """DoctorOptions for a shipped recipe (hw.recipe_scope), on the fake node."""
+    import dataclasses
+
+    from embodyhpc.config.load import load_recipe
+    from embodyhpc.hw import recipe_scope
+
+    config = load_recipe("smoke_cpu", ["job.runs_root=/opt/runs", *recipe_overrides]).config
+    options, network, skipped = recipe_scope(config, local=local)
+    fake = node_options()
+    return dataclasses.replace(options, sysfs_root=fake.sysfs_root, mounts_path=fake.mounts_path,
+                               probe_torch=False, nvme_probe_bytes=0), network, skipped
+
+
+def test_doctor_recipe_judges_only_what_the_recipe_uses(node):
+    _, node_options = node
+    broken = _gpus(nvml_stub.healthy(0))
+    # smoke_cpu: 2 nodes, no GPUs, staging off; its runs root on the node's overlay root filesystem
+    options, network, skipped = _scoped(node_options, [], local=True)
+    report = run_doctor(options, network=network, gpu_backend=broken, environ=NODE)
+    assert report.exit_code() == 0 and not report.failed, report.to_text()  # runs_fs: overlay warns, fine
+    assert "nvme" not in {c.name for c in report.checks} and "gpus" not in {c.name for c in report.checks}
+    assert [line.split(":")[0] for line in skipped] == ["gpus", "nvme", "runs_fs", "network"]
+    # the same recipe submitted to a cluster: 2 nodes need a shared runs root, and that is still a failure
+    options, network, skipped = _scoped(node_options, [], local=False)
+    report = run_doctor(options, network=network, gpu_backend=broken, environ=NODE)
+    assert {c.name for c in report.failed} == {"runs_fs"} and network is not None
+    # staging on: the NVMe folder is judged (it does not exist here)
+    options, _, _ = _scoped(node_options, ["staging.enabled=true", "staging.nvme_dir=/nonexistent/nvme",
+                                           "data.format=lerobot", "data.root=/tmp"], local=True)
+    assert options.nvme_path == "/nonexistent/nvme"
+    report = run_doctor(options, gpu_backend=broken, environ=NODE)
+    assert {c.name for c in report.failed} == {"nvme"}
+
+
+def test_doctor_command_judges_a_run_here_without_slurm(cli, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch: submit would run the chain here, so doctor judges that
+    result = cli("doctor", "smoke_cpu", "--json", "--probe-mb", "0", f"job.runs_root={tmp_path}")
+    data = json.loads(result.out)
+    assert "judged for a run on this machine" in result.err
+    assert {c["name"] for c in data["checks"]}.isdisjoint({"nvme", "gpus"})
+    assert all(c["status"] != "fail" for c in data["checks"] if c["name"] == "runs_fs")
+    assert any(line.startswith("nvme: not checked") for line in data["not_judged"])

@@ -1,0 +1,80 @@
+"""Terminal views of many runs (`embodyhpc runs`) and of one run's training progress (status, --watch, submit)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from embodyhpc.runstate import RunSummary, TrainProgress
+
+
+def format_duration(seconds: float) -> str:
+    """45s, 12m, 3h05m, 2d04h: short and still exact enough for an age or an ETA."""
+    seconds = max(int(seconds), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s" if minutes < 10 else f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def progress_text(progress: TrainProgress, *, running: bool) -> str:
+    """step 450/600 (75%), loss 0.412, 0.87 s/step, 2402 tokens/s, ETA 2m10s (the ETA only while training runs)."""
+    total = progress.total_steps
+    parts = [f"step {progress.step}/{total} ({100 * progress.step // total}%)" if total else f"step {progress.step}"]
+    if progress.loss is not None:
+        parts.append(f"loss {progress.loss:.4g}")
+    if progress.step_time_s:
+        parts.append(f"{progress.step_time_s:.3g} s/step")
+    if progress.tokens_per_s:
+        parts.append(f"{progress.tokens_per_s:.0f} tokens/s")
+    if running and progress.eta_s is not None:
+        parts.append(f"ETA {format_duration(progress.eta_s)}")
+    if running and progress.updated_s_ago >= 120:  # a stuck job shows as such
+        parts.append(f"last logged {format_duration(progress.updated_s_ago)} ago")
+    return ", ".join(parts)
+
+
+def progress_json(progress: TrainProgress | None) -> dict | None:
+    if progress is None:
+        return None
+    return {**dataclasses.asdict(progress), "eta_s": progress.eta_s}
+
+
+def _printable(text: str) -> str:
+    """Folder names come from the filesystem, where anyone may have put an escape sequence: shown as '?'."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def runs_text(rows: list[RunSummary], note: str | None) -> str:
+    lines = [note] if note else []
+    if not rows:
+        return "\n".join([*lines, "no runs"]) + "\n"
+    header = ("RUN", "STATE", "STEPS", "SUCCESS", "AGE")
+    table = [header] + [(_printable(row.name), _state_cell(row), _steps_cell(row), _printable(row.success or "-"),
+                         format_duration(row.age_s) if row.age_s is not None else "-") for row in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
+    for r in table:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=False)) + "  " + r[-1])
+    damaged = [row for row in rows if row.state == "DAMAGED"]
+    lines += [_printable(f"{row.name}: {row.reason}") for row in damaged]
+    return "\n".join(lines) + "\n"
+
+
+def _state_cell(row: RunSummary) -> str:
+    return f"{row.state} ({row.job})" if row.job and row.state not in ("COMPLETED", "DAMAGED") else row.state
+
+
+def _steps_cell(row: RunSummary) -> str:
+    if row.step is None:
+        return f"-/{row.total_steps}" if row.total_steps else "-"
+    return f"{row.step}/{row.total_steps}" if row.total_steps else str(row.step)
+
+
+def runs_json(rows: list[RunSummary], note: str | None) -> str:
+    return json.dumps({"note": note, "runs": [dataclasses.asdict(row) for row in rows]}, indent=2) + "\n"
