@@ -191,7 +191,7 @@ def list_runs(root: Path, *, experiment: str | None = None, state: str | None = 
     for (row, info), jobs in zip(loaded, statuses, strict=True):
         row.state, row.job, row.reason = run_state(jobs)
         row.backend, row.created = info.backend, info.created
-        created = _epoch(info.attempt_created or info.created)  # the newest attempt started its driver
+        created = _epoch(info.created)
         row.age_s = max(time.time() - created, 0.0) if created is not None else None
         progress = train_progress(folder := Path(info.run_dir))
         row.step, row.total_steps = (progress.step, progress.total_steps) if progress else (None, planned_steps(folder))
