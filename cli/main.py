@@ -278,7 +278,7 @@ def smoke(
 
 from .resume import resume_cmd  # noqa: E402 - the command lives in its own module
 
-app.command("resume")(resume_cmd)
+app.command("resume", short_help="Continue a stopped run from its newest checkpoint, on any node count.")(resume_cmd)
 
 
 @app.command(short_help="A run's jobs, training progress and success; --watch until it ends.")

@@ -13,8 +13,9 @@ from .options import RunDir, RunsRoot
 def resume_cmd(
     run: RunDir,
     overrides: Annotated[list[str] | None, typer.Argument(
-        help="key=value to change: resources, parallelism, train.micro_batch_size, train.steps (raise it to train "
-             "on), site and staging keys. The global batch size, model, data and optimizer stay.")] = None,
+        help="Values to change, each key=value (e.g. train.steps=2000 resources.nodes=1): resources, parallelism, "
+             "train.micro_batch_size, train.steps (raise it to train on), site and staging keys. The global batch "
+             "size, model, data and optimizer stay.")] = None,
     site: Annotated[str | None, typer.Option("--site", "-s", help="Site profile to run this attempt with "
                                                                   "(default: the run's own values).")] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", help="Nodes for training (resources.nodes).")] = None,

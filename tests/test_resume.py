@@ -234,6 +234,16 @@ def test_dry_run_renders_the_new_attempt_with_excluded_nodes_and_changes_nothing
     assert (run / "run.json").read_bytes() == before and not (run / "attempts").exists()
 
 
+@pytest.mark.parametrize("ref", ["run-1", "demo/run-1", "latest", "run-"])
+def test_the_run_may_be_named_as_runs_lists_it(cli, runs_root, ref):
+    run = fake_run(runs_root)
+    by_path = cli("resume", str(run), "--dry-run", "train.steps=80")
+    by_name = cli("resume", ref, "--runs-root", str(runs_root), "--dry-run", "train.steps=80")
+    assert by_path.code == by_name.code == 0, by_name.err
+    assert by_name.out == by_path.out and "train.steps: 40 -> 80" in by_name.out
+    assert "no run" in refused(cli, Path("run-2"), "--runs-root", str(runs_root))
+
+
 def test_attempt_bookkeeping_survives_a_reload(runs_root):
     run = fake_run(runs_root)
     info = RunInfo.load(run)
