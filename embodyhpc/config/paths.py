@@ -54,6 +54,12 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
         check("data.root", cfg.data.root, "dataset")
     if training and cfg.model.init_weights:
         check("model.init_weights", cfg.model.init_weights, "weights file or folder")
+    if training and cfg.model.state_norm != "none" and cfg.data.format != "synthetic":
+        from embodyhpc.models.checkpoint_assets import NORM_STATS_SETTINGS, check_norm_stats
+
+        if cfg.model.norm_stats not in NORM_STATS_SETTINGS:
+            check("model.norm_stats", cfg.model.norm_stats, "statistics file")
+        check_norm_stats(cfg.model, cfg.data.root)  # the file training would read, where this machine sees it
     if cfg.model.tokenizer_path:
         check("model.tokenizer_path", cfg.model.tokenizer_path, "tokenizer file")
     elif cfg.model.size == "full" and cfg.model.name == "pi05":

@@ -157,7 +157,10 @@ class ModelConfig:
     with model.safetensors, or a sharded model.safetensors.index.json) or an embodyhpc export folder. Each rank reads
     only its FSDP shard's slices. A run resuming from its own checkpoints ignores it."""
     tokenizer_path: str | None = None
-    """Local SentencePiece/tokenizers file (full size); tiny/small use a byte tokenizer."""
+    """Local SentencePiece/tokenizers file (full size); tiny/small use a byte tokenizer. Unset, a fresh run takes
+    the tokenizer model.init_weights carries, if any (LeRobot's tokenizer/ folder, or a tokenizer.model /
+    tokenizer.json beside the weights, as in an embodyhpc export); set, it wins over the checkpoint's. The file
+    used is copied beside the checkpoints and exports, so resumed runs and evaluations read the same one."""
     action_horizon: int = 50
     """Actions predicted per chunk."""
     action_dim: int = 32
@@ -177,6 +180,12 @@ class ModelConfig:
     state_norm: str = "none"
     """none, mean_std, or quantile (q01..q99 -> [-1, 1], pi0.5's choice), from the dataset's meta/stats.json; the
     statistics are saved with exported weights for evaluation."""
+    norm_stats: str = "auto"
+    """Where the state statistics come from: auto (those model.init_weights carries, else the dataset's), init
+    (those model.init_weights carries: an error if none), dataset (meta/stats.json), or a path (an embodyhpc
+    normalization.json, an openpi assets/<id>/norm_stats.json, LeRobot's policy_preprocessor.json or its normalizer
+    .safetensors, or a folder holding one). A resumed run always keeps the statistics it started with
+    (checkpoints/normalization.json). Checked against the dataset's state and model.state_norm before training."""
 
     def __post_init__(self) -> None:
         from embodyhpc.models.spec import model_spec
@@ -188,6 +197,9 @@ class ModelConfig:
             checks.positive(f"model.{key}", getattr(self, key))
         checks.choice("model.state_input", self.state_input, STATE_INPUTS)
         checks.choice("model.state_norm", self.state_norm, STATE_NORMS)
+        if not isinstance(self.norm_stats, str) or not self.norm_stats.strip():
+            raise ConfigError("model.norm_stats is empty", key="model.norm_stats",
+                              fix="auto, init, dataset, or the path of a statistics file")
 
 
 AC_MODES = ("none", "full", "every_k")

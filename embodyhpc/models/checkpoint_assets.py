@@ -1,0 +1,417 @@
+"""What a checkpoint carries besides its weights: the state statistics and the prompt tokenizer a run should use.
+
+    normalizer, source = resolve_normalizer(model_cfg, data_root, run_checkpoints=run / "checkpoints")
+    tokenizer_path, source = resolve_tokenizer(model_cfg, run_checkpoints=run / "checkpoints")
+
+Statistics, by `model.norm_stats` (the recipe key) and in this order:
+1. the run's own `checkpoints/normalization.json`, written when the run started: a resumed run (or a requeued
+   attempt) keeps the statistics it started with, whatever the dataset or the init checkpoint hold now;
+2. `dataset`: the dataset's meta/stats.json;
+3. a path: that file (any layout below), or a checkpoint folder holding one;
+4. `init`: the checkpoint `model.init_weights` names must carry statistics; `auto` (the default): its statistics
+   when it carries them, else the dataset's.
+
+Layouts read (learned from the public code of each project; written here from scratch):
+- embodyhpc: `normalization.json` beside exported weights ({"key", "mode", "offset", "scale"}).
+- LeRobot's policy folder: `policy_preprocessor.json` lists the processor steps; the `normalizer_processor` step
+  names its `state_file` (policy_preprocessor_step_<i>_normalizer_processor.safetensors: flat tensors
+  "<feature>.<stat>", stat one of mean, std, min, max, q01, q99, ...) and its `norm_map` says how each feature type
+  was normalised (pi0.5: STATE -> QUANTILES). A state file given alone is read for the recipe's mode.
+- openpi: `assets/<asset_id>/norm_stats.json` ({"norm_stats": {"state": {"mean", "std", "q01", "q99"}, "actions":
+  ...}}); a checkpoint with several asset ids must be told which one (model.norm_stats=PATH).
+Only the state is normalised today (action normalisation is not built), so only the state's entry is read.
+
+Every statistics file is checked before training starts (and at validate when the file is local): the entry for
+the state key exists, holds the statistics the recipe's mode needs (quantile: q01/q99, mean_std: mean/std), as many
+values as the dataset's state has, all finite, std >= 0 and q99 >= q01, and the mode a checkpoint was trained
+with equals the recipe's. Anything else is one line naming the file, the key and the fix (exit 2).
+
+Tokenizer: `model.tokenizer_path` wins; else the run's own copy in checkpoints/ (a resumed run); else a tokenizer
+the init checkpoint carries: LeRobot's `tokenizer/` folder (what its TokenizerProcessorStep saves, named by the
+step's `tokenizer_name`), or a `tokenizer.model` (SentencePiece) / `tokenizer.json` (tokenizers) in the folder
+(what an embodyhpc export holds). openpi checkpoints carry none (openpi downloads PaliGemma's separately), nor do
+LeRobot folders saved before the tokenizer was written as an artifact (their step names a hub id).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from embodyhpc.data.normalize import NORM_FILE, StateNormalizer
+from embodyhpc.errors import ConfigError
+
+KEY = "model.norm_stats"
+NORM_STATS_SETTINGS = ("auto", "init", "dataset")
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")  # SentencePiece first: the format PaliGemma ships
+LEROBOT_PREPROCESSOR = "policy_preprocessor.json"
+LEROBOT_NORMALIZER_STEP = "normalizer_processor"
+LEROBOT_TOKENIZER_STEP = "tokenizer_processor"
+OPENPI_STATS = "norm_stats.json"
+OPENPI_ASSETS = "assets"
+OPENPI_STATE_KEY = "state"
+_LEROBOT_MODES = {"QUANTILES": "quantile", "MEAN_STD": "mean_std", "IDENTITY": "none", "MIN_MAX": "min_max",
+                  "QUANTILE10": "quantile10"}
+_NEEDS = {"quantile": ("q01", "q99"), "mean_std": ("mean", "std")}
+_STEP_STATE_FILE = re.compile(r"^[\w.-]+\.safetensors$")
+
+
+def checkpoint_folder(init_weights: str | os.PathLike) -> Path:
+    """The folder of a checkpoint named by a file (model.safetensors, an index) or by the folder itself."""
+    path = Path(init_weights).expanduser()
+    return path if path.is_dir() else path.parent
+
+
+# ---- statistics: where they are ----
+def find_checkpoint_stats(folder: str | os.PathLike) -> Path | None:
+    """The statistics file a checkpoint folder carries (see the module doc), None when it has none."""
+    folder = Path(folder)
+    for candidate in (folder / NORM_FILE, folder / LEROBOT_PREPROCESSOR, folder / OPENPI_STATS):
+        if candidate.is_file():
+            return candidate
+    assets = folder / OPENPI_ASSETS
+    # asset ids are names ("droid") or dataset repo ids ("physical-intelligence/libero"): one or two levels
+    found = sorted([*assets.glob(f"*/{OPENPI_STATS}"), *assets.glob(f"*/*/{OPENPI_STATS}")]) if assets.is_dir() else []
+    if len(found) > 1:
+        ids = ", ".join(str(p.parent.relative_to(folder / OPENPI_ASSETS)) for p in found)
+        raise ConfigError(f"{folder / OPENPI_ASSETS} holds statistics of {len(found)} asset ids ({ids}): which "
+                          "robot's is this run's?", key=KEY,
+                          fix=f"set {KEY}={found[0]} (the one of your robot) or {KEY}=dataset")
+    return found[0] if found else None
+
+
+def stats_file(setting: str, init_weights: str | None) -> Path | None:
+    """The file `model.norm_stats` points training at (None: the dataset's statistics). Raises for `init`
+    without statistics in the init checkpoint, and for a path that holds none."""
+    if setting == "dataset":
+        return None
+    if setting in ("auto", "init"):
+        if not init_weights:
+            if setting == "init":
+                raise ConfigError("norm_stats=init needs model.init_weights", key=KEY,
+                                  fix=f"set model.init_weights, or {KEY}=dataset")
+            return None
+        found = find_checkpoint_stats(checkpoint_folder(init_weights))
+        if found is None and setting == "init":
+            raise ConfigError(f"the checkpoint {init_weights} carries no normalisation statistics (none of "
+                              f"{NORM_FILE}, {LEROBOT_PREPROCESSOR}, {OPENPI_ASSETS}/*/{OPENPI_STATS})", key=KEY,
+                              fix=f"set {KEY}=dataset, or {KEY}=/path/to/the/stats/file")
+        return found
+    path = Path(setting).expanduser()
+    if path.is_dir():
+        found = find_checkpoint_stats(path)
+        if found is None:
+            raise ConfigError(f"{path} holds no normalisation statistics", key=KEY,
+                              fix=f"name the file ({NORM_FILE}, {OPENPI_STATS}, a LeRobot normalizer "
+                                  ".safetensors) or set model.norm_stats=dataset")
+        return found
+    if not path.is_file():
+        raise ConfigError(f"no statistics file at {path}", key=KEY,
+                          fix="give an existing file, or auto / init / dataset")
+    return path
+
+
+# ---- statistics: reading and checking ----
+def read_stats_file(path: str | os.PathLike, *, key: str, mode: str, state_dim: int | None) -> StateNormalizer:
+    """The state normaliser held by a statistics file of any layout above, checked (see the module doc)."""
+    path = Path(path)
+    where = str(path)
+    if path.suffix == ".safetensors":
+        return _from_stat_table(_read_safetensors(path), where=where, key=key, mode=mode, state_dim=state_dim,
+                                trained_mode=_lerobot_mode_beside(path, key))
+    data = _read_json(path)
+    if isinstance(data, dict) and "steps" in data:
+        return _from_lerobot_pipeline(path, data, key=key, mode=mode, state_dim=state_dim)
+    if isinstance(data, dict) and "norm_stats" in data:
+        table = data["norm_stats"]
+        if not isinstance(table, dict):
+            raise ConfigError("norm_stats is not a mapping", where=where, key=KEY, fix="give an openpi norm_stats.json")
+        entry_key = key if key in table else OPENPI_STATE_KEY
+        flat = {f"{entry_key}.{stat}": value for stat, value in (table.get(entry_key) or {}).items()
+                if value is not None} if isinstance(table.get(entry_key), dict) else {}
+        return _from_stat_table(flat, where=where, key=entry_key, mode=mode, state_dim=state_dim, ours_key=key,
+                                listing=sorted(table))
+    if isinstance(data, dict) and {"key", "mode", "offset", "scale"} <= set(data):
+        return _from_ours(data, where=where, key=key, mode=mode, state_dim=state_dim)
+    raise ConfigError("not a statistics file embodyhpc reads (an embodyhpc normalization.json, an openpi "
+                      "norm_stats.json or LeRobot's policy_preprocessor.json)", where=where, key=KEY,
+                      fix=f"name one of those, or set {KEY}=dataset")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"cannot read it as JSON ({type(exc).__name__}: {str(exc)[:120]})", where=str(path),
+                          key=KEY, fix=f"repair or replace the file, or set {KEY}=dataset") from None
+
+
+def _read_safetensors(path: Path) -> dict[str, Any]:
+    try:
+        from safetensors.numpy import load_file
+
+        return {name: value.astype("float64").tolist() for name, value in load_file(str(path)).items()}
+    except Exception as exc:  # safetensors' own error type for a damaged header
+        raise ConfigError(f"not a readable safetensors file ({str(exc)[:120]})", where=str(path), key=KEY,
+                          fix=f"replace the file, or set {KEY}=dataset") from None
+
+
+def _lerobot_mode_beside(state_file: Path, key: str) -> str | None:
+    """The mode a LeRobot normalizer state file was used with, from the policy_preprocessor.json beside it."""
+    pipeline = state_file.parent / LEROBOT_PREPROCESSOR
+    if not pipeline.is_file():
+        return None
+    data = _read_json(pipeline)
+    step = _normalizer_step(data, pipeline) if isinstance(data, dict) else None
+    return _lerobot_mode(step, key) if step is not None else None
+
+
+def _normalizer_step(data: dict[str, Any], where: Path) -> dict[str, Any] | None:
+    steps = data.get("steps")
+    if not isinstance(steps, list):
+        raise ConfigError("its 'steps' is not a list", where=str(where), key=KEY,
+                          fix=f"give LeRobot's {LEROBOT_PREPROCESSOR}, or set {KEY}=dataset")
+    return next((s for s in steps if isinstance(s, dict) and s.get("registry_name") == LEROBOT_NORMALIZER_STEP), None)
+
+
+def _lerobot_mode(step: dict[str, Any], key: str) -> str | None:
+    config = step.get("config") if isinstance(step.get("config"), dict) else {}
+    features, norm_map = config.get("features") or {}, config.get("norm_map") or {}
+    feature_type = (features.get(key) or {}).get("type", "STATE") if isinstance(features, dict) else "STATE"
+    mode = norm_map.get(feature_type) if isinstance(norm_map, dict) else None
+    return _LEROBOT_MODES.get(str(mode), str(mode).lower()) if mode is not None else None
+
+
+def _from_lerobot_pipeline(path: Path, data: dict[str, Any], *, key: str, mode: str,
+                           state_dim: int | None) -> StateNormalizer:
+    step = _normalizer_step(data, path)
+    if step is None:
+        raise ConfigError(f"no {LEROBOT_NORMALIZER_STEP} step: the policy normalises nothing", where=str(path),
+                          key=KEY, fix=f"set {KEY}=dataset (or model.state_norm=none)")
+    name = step.get("state_file")
+    if not isinstance(name, str) or not _STEP_STATE_FILE.match(name):  # a plain file name beside it, nothing else
+        raise ConfigError(f"the {LEROBOT_NORMALIZER_STEP} step's state_file {name!r} is not a .safetensors file "
+                          "name beside it", where=str(path), key=KEY, fix=f"repair the file or set {KEY}=dataset")
+    state_file = path.parent / name
+    if not state_file.is_file():
+        raise ConfigError(f"its {LEROBOT_NORMALIZER_STEP} step names {name}, which is not there", where=str(path),
+                          key=KEY, fix=f"copy the whole policy folder, or set {KEY}=dataset")
+    return _from_stat_table(_read_safetensors(state_file), where=str(state_file), key=key, mode=mode,
+                            state_dim=state_dim, trained_mode=_lerobot_mode(step, key))
+
+
+def _from_stat_table(flat: dict[str, Any], *, where: str, key: str, mode: str, state_dim: int | None,
+                     trained_mode: str | None = None, ours_key: str | None = None,
+                     listing: list[str] | None = None) -> StateNormalizer:
+    """flat: {"<feature>.<stat>": values} (LeRobot's state file; openpi's entries flattened the same way)."""
+    ours_key = ours_key or key
+    if trained_mode is not None and trained_mode != mode:
+        raise ConfigError(f"the checkpoint normalised {key} with {trained_mode}, the recipe with {mode}", where=where,
+                          key=KEY, related=("model.state_norm",),
+                          fix=f"set model.state_norm={trained_mode} (as the checkpoint was trained) or {KEY}=dataset")
+    stats: dict[str, Any] = {}
+    for name, values in flat.items():
+        feature, _, stat = name.rpartition(".")
+        if feature == key:
+            stats[stat] = values
+    if not stats:
+        features = sorted(listing or {n.rpartition(".")[0] for n in flat})
+        raise ConfigError(f"no statistics for {key!r} (entries: {', '.join(features) or 'none'})", where=where,
+                          key=KEY, related=("model.state_key",),
+                          fix=f"set model.state_key to the state feature the checkpoint was trained on, or {KEY}=dataset")
+    needed = _NEEDS[mode]
+    missing = [s for s in needed if s not in stats]
+    if missing:
+        other = "mean_std" if mode == "quantile" else "quantile"
+        has_other = all(s in stats for s in _NEEDS[other])
+        raise ConfigError(f"{key!r} has no {'/'.join(missing)} (it holds {', '.join(sorted(stats))}): model.state_norm="
+                          f"{mode} needs {' and '.join(needed)}", where=where, key=KEY,
+                          related=("model.state_norm",),
+                          fix=(f"set model.state_norm={other}, which these statistics serve, or {KEY}=dataset"
+                               if has_other else f"set {KEY}=dataset"))
+    arrays = {s: _vector(stats[s], where=where, name=f"{key}.{s}") for s in needed}
+    lengths = {len(v) for v in arrays.values()}
+    if len(lengths) != 1:
+        raise ConfigError(f"{key}: {', '.join(f'{s} has {len(v)} values' for s, v in arrays.items())}", where=where,
+                          key=KEY, fix=f"repair the file, or set {KEY}=dataset")
+    _check_dim(lengths.pop(), state_dim, where=where, name=key)
+    if mode == "mean_std":
+        low = [i for i, v in enumerate(arrays["std"]) if v < 0]
+        if low:
+            raise ConfigError(f"{key}.std[{low[0]}] = {arrays['std'][low[0]]} is negative", where=where, key=KEY,
+                              fix=f"repair the statistics, or set {KEY}=dataset")
+        offset, scale = arrays["mean"], arrays["std"]
+    else:
+        bad = [i for i, (lo, hi) in enumerate(zip(arrays["q01"], arrays["q99"], strict=True)) if hi < lo]
+        if bad:
+            raise ConfigError(f"{key}.q99[{bad[0]}] < q01[{bad[0]}] ({arrays['q99'][bad[0]]} < "
+                              f"{arrays['q01'][bad[0]]})", where=where, key=KEY,
+                              fix=f"repair the statistics, or set {KEY}=dataset")
+        offset = [(lo + hi) / 2 for lo, hi in zip(arrays["q01"], arrays["q99"], strict=True)]
+        scale = [(hi - lo) / 2 for lo, hi in zip(arrays["q01"], arrays["q99"], strict=True)]
+    return StateNormalizer(ours_key, mode, tuple(offset), tuple(scale))
+
+
+def _from_ours(data: dict[str, Any], *, where: str, key: str, mode: str, state_dim: int | None) -> StateNormalizer:
+    if data["key"] != key:
+        raise ConfigError(f"statistics of {data['key']!r}, the recipe's state is {key!r}", where=where, key=KEY,
+                          related=("model.state_key",),
+                          fix=f"set model.state_key={data['key']} (as the checkpoint was trained) or {KEY}=dataset")
+    if data["mode"] != mode:
+        raise ConfigError(f"the checkpoint normalised {key} with {data['mode']}, the recipe with {mode}", where=where,
+                          key=KEY, related=("model.state_norm",),
+                          fix=f"set model.state_norm={data['mode']} (as the checkpoint was trained) or {KEY}=dataset")
+    if mode == "none":
+        return StateNormalizer(key, mode)
+    offset = _vector(data["offset"], where=where, name=f"{key}.offset")
+    scale = _vector(data["scale"], where=where, name=f"{key}.scale")
+    if len(offset) != len(scale):
+        raise ConfigError(f"{key}: offset has {len(offset)} values, scale {len(scale)}", where=where, key=KEY,
+                          fix=f"repair the file, or set {KEY}=dataset")
+    _check_dim(len(offset), state_dim, where=where, name=key)
+    negative = [i for i, v in enumerate(scale) if v < 0]
+    if negative:
+        raise ConfigError(f"{key}.scale[{negative[0]}] = {scale[negative[0]]} is negative", where=where, key=KEY,
+                          fix=f"repair the statistics, or set {KEY}=dataset")
+    return StateNormalizer(key, mode, tuple(offset), tuple(scale))
+
+
+def _vector(values: Any, *, where: str, name: str) -> list[float]:
+    flat = values
+    while isinstance(flat, list) and len(flat) == 1 and isinstance(flat[0], list):  # [[...]] as some writers nest
+        flat = flat[0]
+    if not isinstance(flat, list) or not flat or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
+        raise ConfigError(f"{name} is not a list of numbers ({str(values)[:60]})", where=where, key=KEY,
+                          fix=f"repair the statistics, or set {KEY}=dataset")
+    bad = next((i for i, v in enumerate(flat) if not math.isfinite(v)), None)
+    if bad is not None:
+        raise ConfigError(f"{name}[{bad}] is {flat[bad]}", where=where, key=KEY,
+                          fix=f"recompute the statistics (a NaN or infinite value), or set {KEY}=dataset")
+    return [float(v) for v in flat]
+
+
+def _check_dim(length: int, state_dim: int | None, *, where: str, name: str) -> None:
+    if state_dim is not None and length != state_dim:
+        raise ConfigError(f"statistics of {name} have {length} values, the dataset's state has {state_dim}",
+                          where=where, key=KEY, related=("model.state_key",),
+                          fix=f"use statistics of this robot's state, or set {KEY}=dataset")
+
+
+def dataset_state_dim(data_root: str | os.PathLike | None, key: str) -> int | None:
+    """The state's size from a LeRobot dataset's meta/info.json (None where it cannot be read: not checked)."""
+    if not data_root:
+        return None
+    info = Path(data_root) / "meta" / "info.json"
+    try:
+        shape = json.loads(info.read_text())["features"][key]["shape"]
+        return int(shape[-1])
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
+# ---- statistics: what training uses ----
+def resolve_normalizer(model_cfg: Any, data_root: str | os.PathLike | None, *,
+                       run_checkpoints: str | os.PathLike | None = None) -> tuple[StateNormalizer, str]:
+    """(normaliser, where it came from) for a training run (see the module doc for the order)."""
+    key, mode = model_cfg.state_key, model_cfg.state_norm
+    if mode == "none":
+        return StateNormalizer(key, mode), "none"
+    state_dim = dataset_state_dim(data_root, key)
+    if run_checkpoints is not None and (Path(run_checkpoints) / NORM_FILE).is_file():
+        own = Path(run_checkpoints) / NORM_FILE
+        return read_stats_file(own, key=key, mode=mode, state_dim=state_dim), f"{own} (the run's own, kept on resume)"
+    path = stats_file(model_cfg.norm_stats, model_cfg.init_weights)
+    if path is None:
+        normalizer = StateNormalizer.from_dataset(data_root, key, mode)  # type: ignore[arg-type]
+        checked = _from_ours(normalizer.to_dict(), where=f"{data_root}/meta/stats.json", key=key, mode=mode,
+                             state_dim=state_dim)
+        return checked, f"{data_root}/meta/stats.json"
+    return read_stats_file(path, key=key, mode=mode, state_dim=state_dim), str(path)
+
+
+def check_norm_stats(model_cfg: Any, data_root: str | None) -> None:
+    """Validate time, on the submitting machine: the statistics file the recipe will use fits (raises ConfigError).
+    Files this machine cannot see are left to the job."""
+    if model_cfg.state_norm == "none":
+        return
+    setting = model_cfg.norm_stats
+    if setting in ("auto", "init") and model_cfg.init_weights and not Path(model_cfg.init_weights).expanduser().exists():
+        return
+    if setting not in NORM_STATS_SETTINGS and not Path(setting).expanduser().exists():
+        return  # config/paths.py reports a missing path (or warns for an unmounted filesystem)
+    path = stats_file(setting, model_cfg.init_weights)
+    if path is not None:
+        read_stats_file(path, key=model_cfg.state_key, mode=model_cfg.state_norm,
+                        state_dim=dataset_state_dim(data_root, model_cfg.state_key))
+
+
+# ---- tokenizer ----
+def find_checkpoint_tokenizer(folder: str | os.PathLike) -> Path | None:
+    """The tokenizer file a checkpoint folder carries (module doc), None when it has none."""
+    folder = Path(folder)
+    candidates = [folder / name for name in TOKENIZER_FILES]
+    pipeline = folder / LEROBOT_PREPROCESSOR
+    if pipeline.is_file():
+        try:
+            steps = json.loads(pipeline.read_text()).get("steps") or []
+        except (OSError, ValueError, AttributeError):
+            steps = []
+        for step in steps:
+            if isinstance(step, dict) and step.get("registry_name") == LEROBOT_TOKENIZER_STEP:
+                name = (step.get("config") or {}).get("tokenizer_name") if isinstance(step.get("config"), dict) else None
+                local = _inside(folder, name) if isinstance(name, str) else None
+                if local is not None and local.is_dir():
+                    candidates = [local / n for n in TOKENIZER_FILES] + candidates
+                elif local is not None and local.is_file():
+                    candidates.insert(0, local)
+    candidates += [folder / "tokenizer" / n for n in TOKENIZER_FILES]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def _inside(folder: Path, relative: str) -> Path | None:
+    """folder/relative when it stays inside folder (a hub id or an escaping path: None)."""
+    path = Path(relative)
+    if path.is_absolute() or ".." in path.parts:
+        return None
+    candidate = folder / path
+    try:
+        candidate.resolve().relative_to(folder.resolve())
+    except ValueError:
+        return None
+    return candidate
+
+
+def resolve_tokenizer(model_cfg: Any, *, run_checkpoints: str | os.PathLike | None = None) -> tuple[str | None, str]:
+    """(tokenizer file or None for the built-in one, where it came from): model.tokenizer_path, else the run's own
+    copy (resume), else the init checkpoint's."""
+    if model_cfg.tokenizer_path:
+        return model_cfg.tokenizer_path, "model.tokenizer_path"
+    if run_checkpoints is not None:
+        own = next((Path(run_checkpoints) / n for n in TOKENIZER_FILES if (Path(run_checkpoints) / n).is_file()), None)
+        if own is not None:
+            return str(own), f"{own} (the run's own, kept on resume)"
+    if model_cfg.init_weights:
+        found = find_checkpoint_tokenizer(checkpoint_folder(model_cfg.init_weights))
+        if found is not None:
+            return str(found), f"{found} (model.init_weights)"
+    return None, "built-in"
+
+
+def tokenizer_copy_name(path: str | os.PathLike) -> str:
+    """The name a tokenizer file keeps beside a run's checkpoints and exports (by its format)."""
+    return TOKENIZER_FILES[0] if Path(path).suffix == ".model" else TOKENIZER_FILES[1]
+
+
+def export_tokenizer(folder: str | os.PathLike) -> Path | None:
+    """The tokenizer copy in an export or checkpoints folder (what training used), None when it used the built-in."""
+    return next((Path(folder) / n for n in TOKENIZER_FILES if (Path(folder) / n).is_file()), None)
+
+
+__all__ = ["KEY", "NORM_STATS_SETTINGS", "TOKENIZER_FILES", "check_norm_stats", "checkpoint_folder",
+           "dataset_state_dim", "export_tokenizer", "find_checkpoint_stats", "find_checkpoint_tokenizer",
+           "read_stats_file", "resolve_normalizer", "resolve_tokenizer", "stats_file", "tokenizer_copy_name"]
