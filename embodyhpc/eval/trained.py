@@ -24,7 +24,7 @@ from typing import Any
 from embodyhpc.models.checkpoint_assets import TOKENIZER_FILES
 from embodyhpc.rundir import read_policy_io
 
-__all__ = ["TOKENIZER_FILES", "inference_placement", "load_trained_policy"]
+__all__ = ["TOKENIZER_FILES", "inference_placement", "load_trained_policy", "with_export_tokenizer"]
 
 
 def inference_placement(gpus_per_task: int) -> tuple[str, Any]:
@@ -56,7 +56,7 @@ def load_trained_policy(export_dir: str | os.PathLike, *, execute_steps: int, de
         torch.set_num_threads(threads)
     export_dir = Path(export_dir)
     weights, summary, config, _ = load_checked_export(export_dir)
-    config = _with_export_tokenizer(config, export_dir)
+    config = with_export_tokenizer(config, export_dir)
     model = build_model(config.model, config.precision)
     model.load_state_dict(weights, strict=True)
     device, dtype = inference_placement(gpus)
@@ -70,7 +70,7 @@ def load_trained_policy(export_dir: str | os.PathLike, *, execute_steps: int, de
     return policy
 
 
-def _with_export_tokenizer(config: Any, export_dir: Path) -> Any:
+def with_export_tokenizer(config: Any, export_dir: Path) -> Any:
     """The recipe with model.tokenizer_path at the tokenizer copy training left beside the weights (the one it read,
     also when it came from model.init_weights rather than the recipe); unchanged when training used the built-in."""
     import dataclasses
