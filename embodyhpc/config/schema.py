@@ -333,7 +333,9 @@ class EvalConfig:
     checkpoints/step-N folder, which an export job writes to <run>/exports/step-N first; default: the run's own
     export. `embodyhpc eval --ckpt` and evaluations while training set it."""
     reference_policies: list[str] = field(default_factory=lambda: ["expert", "random"])
-    """Reference rows of every report, run on the same episodes: expert (where the suite has one), random."""
+    """Reference rows of every report, run on the same episodes: expert (where the suite has one), random, replay
+    (a dataset's actions played back open-loop, a check of the env conventions: needs
+    eval.suite_options.replay_dataset, a LeRobot dataset; libero takes it)."""
     execute_steps: int = 5
     """Actions executed from each predicted chunk before the policy observes again (receding horizon)."""
     denoise_steps: int = 10
@@ -380,6 +382,10 @@ class EvalConfig:
             checks.positive(f"eval.{key}", getattr(self, key), allow_zero=True)
         for name in self.reference_policies:
             checks.choice("eval.reference_policies", name, tuple(reference_policy_names()))
+        if "replay" in self.reference_policies and not self.suite_options.get("replay_dataset"):
+            raise ConfigError("the replay row plays a dataset's actions back and none is given",
+                              key="eval.reference_policies", related=("eval.suite_options.replay_dataset",),
+                              fix="set eval.suite_options.replay_dataset=/path/to/lerobot_dataset, or drop replay")
         checks.slurm_mem("eval.mem", self.mem)
         checks.slurm_time_minutes("eval.time", self.time)
         num_episodes = len(self.tasks) * len(self.seeds) * self.episodes_per_task
