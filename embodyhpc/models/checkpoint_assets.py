@@ -407,6 +407,11 @@ def tokenizer_copy_name(path: str | os.PathLike) -> str:
     return TOKENIZER_FILES[0] if Path(path).suffix == ".model" else TOKENIZER_FILES[1]
 
 
+def saved_normalizer(folder: str | os.PathLike) -> StateNormalizer | None:
+    """The statistics saved beside exported weights (normalization.json), None when there are none."""
+    return StateNormalizer.load(folder)
+
+
 def export_tokenizer(folder: str | os.PathLike) -> Path | None:
     """The tokenizer copy in an export or checkpoints folder (what training used), None when it used the built-in."""
     return next((Path(folder) / n for n in TOKENIZER_FILES if (Path(folder) / n).is_file()), None)
@@ -414,4 +419,4 @@ def export_tokenizer(folder: str | os.PathLike) -> Path | None:
 
 __all__ = ["KEY", "NORM_STATS_SETTINGS", "TOKENIZER_FILES", "check_norm_stats", "checkpoint_folder",
            "dataset_state_dim", "export_tokenizer", "find_checkpoint_stats", "find_checkpoint_tokenizer",
-           "read_stats_file", "resolve_normalizer", "resolve_tokenizer", "stats_file", "tokenizer_copy_name"]
+           "read_stats_file", "resolve_normalizer", "resolve_tokenizer", "saved_normalizer", "stats_file", "tokenizer_copy_name"]
