@@ -95,3 +95,17 @@ def test_episodes_match_by_initial_state_else_by_instruction(tmp_path):
     picked = {dataset.match("x/0", seed, "Pick up the  bowl")[0].index for seed in range(8)}
     assert picked == {0, 1} and dataset.match("x/0", 1, "open the drawer")[1] == "instruction"
     assert dataset.match("x/0", episode_seed("x/0", 0, 0), "close the window") is None
+
+
+def test_validate_checks_the_replay_dataset(cli, tmp_path):
+    from tests.helpers import one_line_error
+
+    fixture = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "lerobot_v30_sample"
+    args = ["validate", "libero_cpu", f"data.root={fixture}"]
+    assert cli(*args).code == 0  # replays the training dataset by default (${data.root})
+    result = cli(*args, f"eval.suite_options.replay_dataset={tmp_path}/nope")
+    assert result.code == 2
+    one_line_error(result, "eval.suite_options.replay_dataset", "does not exist")
+    result = cli(*args, "eval.suite_options.replay_dataset=''")
+    assert result.code == 2
+    one_line_error(result, "eval.reference_policies", "replay_dataset")
