@@ -59,7 +59,7 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
 
         if cfg.model.norm_stats not in NORM_STATS_SETTINGS:
             check("model.norm_stats", cfg.model.norm_stats, "statistics file")
-        check_norm_stats(cfg.model, cfg.data.root)  # the file training would read, where this machine sees it
+        warnings += check_norm_stats(cfg.model, cfg.data.root)  # the file training would read, if seen here
     replay = cfg.eval.suite_options.get("replay_dataset")
     if replay:
         check("eval.suite_options.replay_dataset", str(replay), "dataset")

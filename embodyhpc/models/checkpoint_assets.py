@@ -334,20 +334,52 @@ def resolve_normalizer(model_cfg: Any, data_root: str | os.PathLike | None, *,
     return read_stats_file(path, key=key, mode=mode, state_dim=state_dim), str(path)
 
 
-def check_norm_stats(model_cfg: Any, data_root: str | None) -> None:
-    """Validate time, on the submitting machine: the statistics file the recipe will use fits (raises ConfigError).
-    Files this machine cannot see are left to the job."""
+def check_norm_stats(model_cfg: Any, data_root: str | None) -> list[str]:
+    """Validate time, on the submitting machine: the statistics file the recipe will use fits (raises ConfigError);
+    returns warnings (statistics that fit but do not describe the dataset: `fit_warning`). Files this machine cannot
+    see are left to the job."""
     if model_cfg.state_norm == "none":
-        return
+        return []
     setting = model_cfg.norm_stats
     if setting in ("auto", "init") and model_cfg.init_weights and not Path(model_cfg.init_weights).expanduser().exists():
-        return
+        return []
     if setting not in NORM_STATS_SETTINGS and not Path(setting).expanduser().exists():
-        return  # config/paths.py reports a missing path (or warns for an unmounted filesystem)
+        return []  # config/paths.py reports a missing path (or warns for an unmounted filesystem)
     path = stats_file(setting, model_cfg.init_weights)
-    if path is not None:
-        read_stats_file(path, key=model_cfg.state_key, mode=model_cfg.state_norm,
-                        state_dim=dataset_state_dim(data_root, model_cfg.state_key))
+    if path is None:
+        return []
+    normalizer = read_stats_file(path, key=model_cfg.state_key, mode=model_cfg.state_norm,
+                                 state_dim=dataset_state_dim(data_root, model_cfg.state_key))
+    warning = fit_warning(normalizer, data_root, str(path))
+    return [warning] if warning else []
+
+
+FIT_LIMIT = {"quantile": 1.0, "mean_std": 3.0}
+"""How far (in normalised units) the dataset's mean may land from 0 before statistics are said not to describe it:
+outside [-1, 1] under quantile statistics is beyond their 1st/99th percentile, beyond 3 std under mean_std."""
+
+
+def fit_warning(normalizer: StateNormalizer, data_root: str | os.PathLike | None, source: str) -> str | None:
+    """A warning when statistics that fit the dataset's shape do not describe its values (e.g. another robot's,
+    of the same state size: DROID's 8-d state and LIBERO's): the dataset's mean, normalised, lies beyond FIT_LIMIT
+    in some dimension. None when they describe it, or the dataset has no statistics to compare with."""
+    if normalizer.mode not in FIT_LIMIT or not data_root:
+        return None
+    try:
+        mean = json.loads((Path(data_root) / "meta" / "stats.json").read_text())[normalizer.key]["mean"]
+        mean = [float(v) for v in mean]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if len(mean) != len(normalizer.offset):
+        return None
+    far = [(i, (m - o) / s) for i, (m, o, s) in enumerate(zip(mean, normalizer.offset, normalizer.scale, strict=True))
+           if s > 0 and abs((m - o) / s) > FIT_LIMIT[normalizer.mode]]
+    if not far:
+        return None
+    dims = ", ".join(f"{normalizer.key}[{i}] at {z:+.1f}" for i, z in far[:4])
+    return (f"model.norm_stats: the statistics of {source} do not describe {data_root}: its mean normalises to "
+            f"{dims} (beyond {FIT_LIMIT[normalizer.mode]:g}); if the checkpoint was trained on another robot, set "
+            "model.norm_stats=dataset")
 
 
 # ---- tokenizer ----
@@ -418,5 +450,5 @@ def export_tokenizer(folder: str | os.PathLike) -> Path | None:
 
 
 __all__ = ["KEY", "NORM_STATS_SETTINGS", "TOKENIZER_FILES", "check_norm_stats", "checkpoint_folder",
-           "dataset_state_dim", "export_tokenizer", "find_checkpoint_stats", "find_checkpoint_tokenizer",
+           "dataset_state_dim", "export_tokenizer", "fit_warning", "find_checkpoint_stats", "find_checkpoint_tokenizer",
            "read_stats_file", "resolve_normalizer", "resolve_tokenizer", "saved_normalizer", "stats_file", "tokenizer_copy_name"]

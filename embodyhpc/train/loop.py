@@ -257,12 +257,15 @@ def _policy_inputs(model_cfg: ModelConfig, data_root: str | None, run_checkpoint
     names the tokenizer file from then on, so everything built from it reads the same one."""
     import dataclasses
 
-    from embodyhpc.models.checkpoint_assets import resolve_normalizer, resolve_tokenizer
+    from embodyhpc.models.checkpoint_assets import fit_warning, resolve_normalizer, resolve_tokenizer
 
     normalizer, stats_from = resolve_normalizer(model_cfg, data_root, run_checkpoints=run_checkpoints)
     tokenizer_path, tokenizer_from = resolve_tokenizer(model_cfg, run_checkpoints=run_checkpoints)
     if is_rank0:
         print(f"state statistics ({model_cfg.state_norm}): {stats_from}; tokenizer: {tokenizer_from}", flush=True)
+        warning = fit_warning(normalizer, data_root, stats_from)
+        if warning:
+            print(f"warning: {warning}", flush=True)
     return dataclasses.replace(model_cfg, tokenizer_path=tokenizer_path), normalizer, tokenizer_path
 
 

@@ -293,3 +293,21 @@ def test_validate_refuses_a_bad_statistics_file_in_one_line(cli, tmp_path):
     result = cli("validate", *args, f"model.norm_stats={tmp_path}/nowhere.json")
     assert result.code == 2
     one_line_error(result, "model.norm_stats", "does not exist")
+
+
+def test_statistics_of_another_robot_with_the_same_state_size_are_warned_about(cli, tmp_path):
+    """Quietly wrong: the shapes fit (DROID's state is 8-d, as LIBERO's), the values do not describe the dataset."""
+    from embodyhpc.models.checkpoint_assets import fit_warning
+
+    other = pa.openpi_folder(tmp_path / "pi05_droid", asset_ids=("droid",),
+                             state={"mean": [11.0] * 6, "std": [0.5] * 6, "q01": [10.0] * 6, "q99": [12.0] * 6})
+    normalizer, source = resolve_normalizer(model(init_weights=str(other)), str(FIXTURE))
+    warning = fit_warning(normalizer, str(FIXTURE), source)
+    assert warning and "do not describe" in warning and "observation.state[0]" in warning
+    assert "model.norm_stats=dataset" in warning
+    described, source = resolve_normalizer(model(init_weights=str(pa.openpi_folder(tmp_path / "libero"))),
+                                           str(FIXTURE))
+    assert fit_warning(described, str(FIXTURE), source) is None
+    result = cli("validate", "smoke_cpu", "data.format=lerobot", f"data.root={FIXTURE}", "model.state_norm=quantile",
+                 f"model.init_weights={other}")
+    assert result.code == 0 and "warning: model.norm_stats: the statistics of" in result.err, result.err
