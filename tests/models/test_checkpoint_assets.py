@@ -311,3 +311,16 @@ def test_statistics_of_another_robot_with_the_same_state_size_are_warned_about(c
     result = cli("validate", "smoke_cpu", "data.format=lerobot", f"data.root={FIXTURE}", "model.state_norm=quantile",
                  f"model.init_weights={other}")
     assert result.code == 0 and "warning: model.norm_stats: the statistics of" in result.err, result.err
+
+
+def test_a_full_size_run_needs_no_tokenizer_path_when_the_checkpoint_carries_one(cli, tmp_path):
+    folder = pa.lerobot_policy_folder(tmp_path / "pi05_base", stats=pa.lerobot_stats())
+    args = ["validate", "recipes/pi05_libero.yaml", "--site", "example_ib", f"data.root={FIXTURE}",
+            "site.account=me", f"model.init_weights={folder}"]
+    result = cli(*args)
+    assert result.code == 0 and "tokenizer_path is unset" not in result.err, result.err
+    assert "tokenizer_path is unset" in cli(*args[:-1], f"model.init_weights={pa.openpi_folder(tmp_path / 'op')}").err
+    (folder / "tokenizer" / "tokenizer.model").write_bytes(b"\x00garbage" * 8)  # a damaged file: refused now
+    result = cli(*args)
+    assert result.code == 2
+    one_line_error(result, "model.tokenizer_path", "tokenizer.model is not a readable SentencePiece model")
