@@ -125,8 +125,9 @@ class ReplayPolicy:
         uncovered = [t for t in suite.tasks if not self.dataset.for_instruction(suite.instruction(t))
                      and not any(e.env_triple and e.env_triple[0] == t for e in self.dataset.episodes)]
         if uncovered:
-            raise ValueError(f"{root} holds no episode of {len(uncovered)} evaluated task(s) ({', '.join(uncovered[:4])}"
-                             f"): evaluate the tasks it covers, or drop 'replay' from eval.reference_policies")
+            raise ValueError(f"{root} holds no episode of {len(uncovered)} evaluated task(s) "
+                             f"({', '.join(uncovered[:4])}): evaluate the tasks it covers, or drop 'replay' from "
+                             "eval.reference_policies")
         self._episode: RecordedEpisode | None = None
 
     def reset(self, task: str, seed: int) -> None:

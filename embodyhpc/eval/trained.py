@@ -4,12 +4,13 @@
     policy.reset(task, seed)          # before every episode
     action = policy.act(obs)          # obs: the suite's observation dict (embodyhpc.eval.suites)
 
-The export folder (embodyhpc.checkpoint.export) holds model.safetensors, config.yaml (the resolved recipe) and,
-when the recipe normalised the state, normalization.json; the training job adds policy_io.json (the dataset's
-cameras, image size, real action dims) and, when training read a tokenizer file, its copy (tokenizer.model or
-tokenizer.json), which the policy then reads whatever the recipe's model.tokenizer_path says. Loading is the same for every model: the weights are checked against
-export.json and against the model the recipe builds, then `model_spec(config.model.name).inference` acts with
-them (pi0.5: embodyhpc/models/pi05/inference.py, which also serves a batched shard: `act_batch`).
+The export folder (embodyhpc.checkpoint.export) holds model.safetensors, config.yaml (the resolved recipe) and, when
+the recipe normalised the state, normalization.json; the training job adds policy_io.json (the dataset's cameras,
+image size, real action dims) and, when training read a tokenizer file, its copy (tokenizer.model or
+tokenizer.json), which the policy then reads whatever the recipe's model.tokenizer_path says. Loading is the same
+for every model: the weights are checked against export.json and against the model the recipe builds, then
+`model_spec(config.model.name).inference` acts with them (pi0.5: embodyhpc/models/pi05/inference.py, which also
+serves a batched shard: `act_batch`).
 
 Placement (`inference_placement`): a shard with a GPU (eval.gpus_per_task) runs the policy there in bf16, a CPU
 shard in fp32; the runner feeds the model on the device its parameters are on.

@@ -31,7 +31,7 @@ def model(mode="quantile", **kw) -> ModelConfig:
 
 
 def quantile_offset_scale(q01, q99):
-    return ([(a + b) / 2 for a, b in zip(q01, q99)], [(b - a) / 2 for a, b in zip(q01, q99)])
+    return ([(a + b) / 2 for a, b in zip(q01, q99, strict=True)], [(b - a) / 2 for a, b in zip(q01, q99, strict=True)])
 
 
 # ---------------------------------------------------------------- the layouts a user meets
@@ -52,7 +52,8 @@ def test_a_lerobot_policy_folder_gives_its_quantile_statistics_and_its_tokenizer
 def test_mean_std_from_lerobot_when_its_norm_map_says_mean_std(tmp_path):
     folder = pa.lerobot_policy_folder(tmp_path / "ckpt", pipeline=pa.preprocessor_json("MEAN_STD"), tokenizer=False)
     normalizer, _ = resolve_normalizer(model("mean_std", init_weights=str(folder)), str(FIXTURE))
-    assert normalizer.offset == pytest.approx(pa.CHECKPOINT_MEAN) and normalizer.scale == pytest.approx(pa.CHECKPOINT_STD)
+    assert normalizer.offset == pytest.approx(pa.CHECKPOINT_MEAN)
+    assert normalizer.scale == pytest.approx(pa.CHECKPOINT_STD)
 
 
 def test_an_openpi_folder_gives_its_asset_statistics_and_no_tokenizer(tmp_path):

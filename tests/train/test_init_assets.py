@@ -27,8 +27,8 @@ def test_a_run_uses_the_checkpoints_statistics_and_tokenizer_and_keeps_them_on_r
     run_ranks(loop_workers.train_job, 2, str(run), 2, 2,
               {"init_weights": str(folder), "model_options": options}, timeout_s=300)
 
-    offset = [(a + b) / 2 for a, b in zip(pa.CHECKPOINT_Q01, pa.CHECKPOINT_Q99)]
-    scale = [(b - a) / 2 for a, b in zip(pa.CHECKPOINT_Q01, pa.CHECKPOINT_Q99)]
+    offset = [(a + b) / 2 for a, b in zip(pa.CHECKPOINT_Q01, pa.CHECKPOINT_Q99, strict=True)]
+    scale = [(b - a) / 2 for a, b in zip(pa.CHECKPOINT_Q01, pa.CHECKPOINT_Q99, strict=True)]
     tokenizer = (folder / "tokenizer" / "tokenizer.model").read_bytes()
     for where in (run / "checkpoints", run / "export"):  # what resume and the evaluation read
         stats = json.loads((where / "normalization.json").read_text())

@@ -33,7 +33,8 @@ HORIZON = 4
 
 
 def recipe(world_size: int, *, steps: int, every_steps: int, export_final: bool = True, precision: str = "fp32",
-           num_workers: int = 0, init_weights: str | None = None, model_options: dict[str, Any] | None = None) -> Config:
+           num_workers: int = 0, init_weights: str | None = None,
+           model_options: dict[str, Any] | None = None) -> Config:
     return Config(
         resources=ResourcesConfig(nodes=1, tasks_per_node=world_size),
         data=DataConfig(format="lerobot", root=str(FIXTURE), num_workers=num_workers,
