@@ -26,7 +26,8 @@ the state key exists, holds the statistics the recipe's mode needs (quantile: q0
 values as the dataset's state has, all finite, std >= 0 and q99 >= q01, and the mode a checkpoint was trained
 with equals the recipe's. Anything else is one line naming the file, the key and the fix (exit 2).
 
-Tokenizer: `model.tokenizer_path` wins; else the run's own copy in checkpoints/ (a resumed run); else a tokenizer
+Tokenizer: `model.tokenizer_path` wins; else, for a run that started before, what it started with (its copy in
+checkpoints/, or the built-in one: init_weights applies to step 0 only); else a tokenizer
 the init checkpoint carries: LeRobot's `tokenizer/` folder (what its TokenizerProcessorStep saves, named by the
 step's `tokenizer_name`), or a `tokenizer.model` (SentencePiece) / `tokenizer.json` (tokenizers) in the folder
 (what an embodyhpc export holds). openpi checkpoints carry none (openpi downloads PaliGemma's separately), nor do
@@ -230,10 +231,13 @@ def resolve_tokenizer(model_cfg: Any, *, run_checkpoints: str | os.PathLike | No
     copy (resume), else the init checkpoint's."""
     if model_cfg.tokenizer_path:
         return model_cfg.tokenizer_path, "model.tokenizer_path"
-    if run_checkpoints is not None:
-        own = next((Path(run_checkpoints) / n for n in TOKENIZER_FILES if (Path(run_checkpoints) / n).is_file()), None)
+    if run_checkpoints is not None and (Path(run_checkpoints) / NORM_FILE).is_file():
+        # the run started before (it writes its statistics first): init_weights applies to step 0 only, so the
+        # tokenizer is the copy it left, or the built-in one it started with
+        own = export_tokenizer(run_checkpoints)
         if own is not None:
             return str(own), f"{own} (the run's own, kept on resume)"
+        return None, "built-in (as the run started)"
     if model_cfg.init_weights:
         found = find_checkpoint_tokenizer(checkpoint_folder(model_cfg.init_weights))
         if found is not None:

@@ -111,6 +111,9 @@ def test_the_runs_own_statistics_and_tokenizer_win_on_resume(tmp_path):
     assert kept == started and "kept on resume" in source
     assert resolve_tokenizer(model(init_weights=str(tmp_path / "gone")), run_checkpoints=run_checkpoints)[0] == \
         str(run_checkpoints / "tokenizer.model")
+    # a run that started with the built-in tokenizer keeps it, even if its init checkpoint gained one since
+    (run_checkpoints / "tokenizer.model").unlink()
+    assert resolve_tokenizer(model(init_weights=str(folder)), run_checkpoints=run_checkpoints)[0] is None
 
 
 def test_tokenizer_locations_and_names_that_escape_the_folder(tmp_path):
