@@ -82,17 +82,16 @@ def _carried_tokenizer(cfg, training: bool) -> bool:
     model is refused now); evaluating existing weights, the copy training left beside them."""
     import dataclasses
 
+    weights = cfg.model.init_weights if training else cfg.eval.weights
+    if not weights or not Path(weights).expanduser().exists():
+        return False  # before the imports below: validate stays free of numpy and torch for most recipes
     from embodyhpc.models import build_tokenizer
     from embodyhpc.models.checkpoint_assets import checkpoint_folder, export_tokenizer, find_checkpoint_tokenizer
 
     if training:
-        if not cfg.model.init_weights or not Path(cfg.model.init_weights).expanduser().exists():
-            return False
         found = find_checkpoint_tokenizer(checkpoint_folder(cfg.model.init_weights))
         if found is not None:
             build_tokenizer(dataclasses.replace(cfg.model, tokenizer_path=str(found)))
         return found is not None
-    if not cfg.eval.weights:
-        return False
     folder = Path(cfg.eval.weights).expanduser()
     return any(export_tokenizer(f) is not None for f in (folder, folder.parent))
