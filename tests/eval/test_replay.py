@@ -15,6 +15,7 @@ import pytest
 
 from embodyhpc.eval.replay import STATE_TOLERANCE, ReplayDataset, ReplayPolicy, gripper_sign
 from embodyhpc.eval.shards import Episode
+from tests.helpers import require
 
 TASK = "libero_spatial/0"
 STEPS = 10
@@ -48,7 +49,7 @@ def _replay(suite, root, episodes, out):
 
 @pytest.mark.slow
 def test_replay_reproduces_recorded_episodes_and_reports_wrong_conventions(tmp_path, capsys):
-    pytest.importorskip("libero.libero")
+    require("libero.libero", "libero")
     from embodyhpc.eval.policies import RandomPolicy
     from embodyhpc.eval.record import record_episodes
     from embodyhpc.eval.references import make_reference_policies

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from embodyhpc.models import build_model
+from tests.helpers import require
 from tests.models import published_assets as pa
 from tests.parallel.harness import run_ranks
 from tests.train import workers as loop_workers
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.slow  # two short 2-rank training runs (~40-60 s here)
 
 
 def test_a_run_uses_the_checkpoints_statistics_and_tokenizer_and_keeps_them_on_resume(tmp_path):
-    pytest.importorskip("sentencepiece")
+    require("sentencepiece", "train")
     options = {"state_norm": "quantile"}
     cfg = loop_workers.recipe(2, steps=2, every_steps=2, model_options=options)
     torch.manual_seed(3)
