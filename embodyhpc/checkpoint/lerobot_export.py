@@ -8,6 +8,15 @@
                               state/action dims, the dataset's input and output features (policy_io.json),
                               the Gemma variants of the full-size model, quantile normalisation
 
+    <out>/policy_preprocessor.json, policy_postprocessor.json
+                              LeRobot's pi0.5 processor pipelines (step names of its processor_pi05.py), whose
+                              normalizer steps hold the state statistics the policy was trained with
+                              (normalization.json: q01/q99 or mean/std under "observation.state") in
+    <out>/policy_preprocessor_step_3_normalizer_processor.safetensors; no action statistics: our policy predicts
+                              raw actions, and LeRobot passes a feature without statistics through unchanged
+    <out>/tokenizer.model|.json   the tokenizer copy training read, if any (the pipeline still names PaliGemma's hub
+                              id, which LeRobot loads; model.init_weights of embodyhpc reads the copy)
+
 Only the full size has LeRobot variants (gemma_2b + gemma_300m); the config of a tiny or small export says so
 ("embodyhpc_size") and LeRobot's PI05Policy cannot build it, though the weights file still reads back through our
 adapter. The fields written are those of lerobot's PI05Config (src/lerobot/policies/pi05/configuration_pi05.py,
@@ -18,10 +27,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from embodyhpc.errors import UserError
+from embodyhpc.models.checkpoint_assets import TOKENIZER_FILES, saved_normalizer
 from embodyhpc.rundir import read_policy_io
 
 LEROBOT_PREFIX = "model."
@@ -79,9 +90,63 @@ def export_lerobot(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     save_file({LEROBOT_PREFIX + k: v for k, v in published.items()}, str(out_dir / WEIGHTS),
               metadata={"format": "pt", "layout": "lerobot-pi05"})
     dtype = "bfloat16" if dtypes == {torch.bfloat16} else "float32"
-    (out_dir / CONFIG_JSON).write_text(json.dumps(
-        lerobot_config(config.model, policy_io, execute_steps=execute_steps, dtype=dtype), indent=2) + "\n")
+    lerobot = lerobot_config(config.model, policy_io, execute_steps=execute_steps, dtype=dtype)
+    normalizer = saved_normalizer(export_dir)
+    if normalizer is not None and normalizer.mode != "none":
+        lerobot["normalization_mapping"]["STATE"] = NORM_MODES[normalizer.mode]
+    (out_dir / CONFIG_JSON).write_text(json.dumps(lerobot, indent=2) + "\n")
+    write_processors(out_dir, lerobot, normalizer)
+    for name in TOKENIZER_FILES:
+        if (export_dir / name).is_file():
+            shutil.copy2(export_dir / name, out_dir / name)
     return out_dir
+
+
+NORM_MODES = {"quantile": "QUANTILES", "mean_std": "MEAN_STD"}
+PREPROCESSOR, POSTPROCESSOR = "policy_preprocessor", "policy_postprocessor"
+NORMALIZER_STEP = 3  # its place in LeRobot's pi0.5 preprocessor: rename, batch, relative actions, normalize, ...
+PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
+
+
+def write_processors(out_dir: Path, config: dict[str, Any], normalizer: Any) -> None:
+    """LeRobot's pi0.5 pre/post-processor pipelines for `config`, the normalizer steps holding `normalizer`'s
+    (a data.normalize.StateNormalizer, or None)
+    statistics (as LeRobot saves them: flat "<feature>.<stat>" tensors in a safetensors file per stateful step)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    stats: dict[str, Any] = {}
+    if normalizer is not None and normalizer.mode in NORM_MODES:
+        offset, scale = np.asarray(normalizer.offset), np.asarray(normalizer.scale)
+        pair = (("q01", offset - scale), ("q99", offset + scale)) if normalizer.mode == "quantile" else (
+            ("mean", offset), ("std", scale))
+        stats = {f"observation.state.{name}": values.astype(np.float32) for name, values in pair}
+    features = {**config["input_features"], **config["output_features"]}
+    norm = {"registry_name": "normalizer_processor",
+            "config": {"eps": 1e-8, "features": features, "norm_map": config["normalization_mapping"]}}
+    unnorm = {"registry_name": "unnormalizer_processor",
+              "config": {"eps": 1e-8, "features": config["output_features"],
+                         "norm_map": config["normalization_mapping"]}}
+    if stats:
+        norm["state_file"] = f"{PREPROCESSOR}_step_{NORMALIZER_STEP}_normalizer_processor.safetensors"
+        save_file(stats, str(out_dir / norm["state_file"]))
+    pre = [{"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+           {"registry_name": "to_batch_processor", "config": {}},
+           {"registry_name": "relative_actions_processor",
+            "config": {"enabled": False, "exclude_joints": [], "action_names": None}},
+           norm,
+           {"registry_name": "pi05_prepare_state_tokenizer_processor_step",
+            "config": {"max_state_dim": config["max_state_dim"], "task_key": "task",
+                       "include_state_in_prompt": True}},
+           {"registry_name": "tokenizer_processor",
+            "config": {"max_length": config["tokenizer_max_length"], "task_key": "task", "padding_side": "right",
+                       "padding": "max_length", "truncation": True, "tokenizer_name": PALIGEMMA_TOKENIZER}},
+           {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]
+    post = [unnorm, {"registry_name": "absolute_actions_processor", "config": {"enabled": False}},
+            {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]
+    assert pre[NORMALIZER_STEP] is norm
+    for name, steps in ((PREPROCESSOR, pre), (POSTPROCESSOR, post)):
+        (out_dir / f"{name}.json").write_text(json.dumps({"name": name, "steps": steps}, indent=2) + "\n")
 
 
 __all__ = ["export_lerobot", "lerobot_config"]

@@ -54,8 +54,19 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
         check("data.root", cfg.data.root, "dataset")
     if training and cfg.model.init_weights:
         check("model.init_weights", cfg.model.init_weights, "weights file or folder")
+    if training and cfg.model.state_norm != "none" and cfg.data.format != "synthetic":
+        from embodyhpc.models.checkpoint_assets import NORM_STATS_SETTINGS, check_norm_stats
+
+        if cfg.model.norm_stats not in NORM_STATS_SETTINGS:
+            check("model.norm_stats", cfg.model.norm_stats, "statistics file")
+        warnings += check_norm_stats(cfg.model, cfg.data.root)  # the file training would read, if seen here
+    replay = cfg.eval.suite_options.get("replay_dataset")
+    if replay:
+        check("eval.suite_options.replay_dataset", str(replay), "dataset")
     if cfg.model.tokenizer_path:
         check("model.tokenizer_path", cfg.model.tokenizer_path, "tokenizer file")
+    elif _carried_tokenizer(cfg, training):
+        pass  # the checkpoint's (checked: it loads and fits the model), or the copy beside evaluated weights
     elif cfg.model.size == "full" and cfg.model.name == "pi05":
         message = "model.tokenizer_path is unset: the full-size pi0.5 needs the PaliGemma tokenizer file"
         fix = "set model.tokenizer_path=/path/to/tokenizer.model"
@@ -63,3 +74,24 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
             raise ConfigError(message, key="model.tokenizer_path", where=where("model.size"), fix=fix)
         warnings.append(f"{message}; submit refuses until it is set ({fix})")
     return warnings
+
+
+def _carried_tokenizer(cfg, training: bool) -> bool:
+    """Whether the weights the chain starts from carry the tokenizer it will read (models/checkpoint_assets.py):
+    training, the one model.init_weights carries (loaded here, so a file that does not load or does not fit the
+    model is refused now); evaluating existing weights, the copy training left beside them."""
+    import dataclasses
+
+    weights = cfg.model.init_weights if training else cfg.eval.weights
+    if not weights or not Path(weights).expanduser().exists():
+        return False  # before the imports below: validate stays free of numpy and torch for most recipes
+    from embodyhpc.models import build_tokenizer
+    from embodyhpc.models.checkpoint_assets import checkpoint_folder, export_tokenizer, find_checkpoint_tokenizer
+
+    if training:
+        found = find_checkpoint_tokenizer(checkpoint_folder(cfg.model.init_weights))
+        if found is not None:
+            build_tokenizer(dataclasses.replace(cfg.model, tokenizer_path=str(found)))
+        return found is not None
+    folder = Path(cfg.eval.weights).expanduser()
+    return any(export_tokenizer(f) is not None for f in (folder, folder.parent))

@@ -157,7 +157,10 @@ class ModelConfig:
     with model.safetensors, or a sharded model.safetensors.index.json) or an embodyhpc export folder. Each rank reads
     only its FSDP shard's slices. A run resuming from its own checkpoints ignores it."""
     tokenizer_path: str | None = None
-    """Local SentencePiece/tokenizers file (full size); tiny/small use a byte tokenizer."""
+    """Local SentencePiece/tokenizers file (full size); tiny/small use a byte tokenizer. Unset, a fresh run takes
+    the tokenizer model.init_weights carries, if any (LeRobot's tokenizer/ folder, or a tokenizer.model /
+    tokenizer.json beside the weights, as in an embodyhpc export); set, it wins over the checkpoint's. The file
+    used is copied beside the checkpoints and exports, so resumed runs and evaluations read the same one."""
     action_horizon: int = 50
     """Actions predicted per chunk."""
     action_dim: int = 32
@@ -177,6 +180,12 @@ class ModelConfig:
     state_norm: str = "none"
     """none, mean_std, or quantile (q01..q99 -> [-1, 1], pi0.5's choice), from the dataset's meta/stats.json; the
     statistics are saved with exported weights for evaluation."""
+    norm_stats: str = "auto"
+    """Where the state statistics come from: auto (those model.init_weights carries, else the dataset's), init
+    (those model.init_weights carries: an error if none), dataset (meta/stats.json), or a path (an embodyhpc
+    normalization.json, an openpi assets/<id>/norm_stats.json, LeRobot's policy_preprocessor.json or its normalizer
+    .safetensors, or a folder holding one). A resumed run always keeps the statistics it started with
+    (checkpoints/normalization.json). Checked against the dataset's state and model.state_norm before training."""
 
     def __post_init__(self) -> None:
         from embodyhpc.models.spec import model_spec
@@ -188,6 +197,9 @@ class ModelConfig:
             checks.positive(f"model.{key}", getattr(self, key))
         checks.choice("model.state_input", self.state_input, STATE_INPUTS)
         checks.choice("model.state_norm", self.state_norm, STATE_NORMS)
+        if not isinstance(self.norm_stats, str) or not self.norm_stats.strip():
+            raise ConfigError("model.norm_stats is empty", key="model.norm_stats",
+                              fix="auto, init, dataset, or the path of a statistics file")
 
 
 AC_MODES = ("none", "full", "every_k")
@@ -323,7 +335,9 @@ class EvalConfig:
     checkpoints/step-N folder, which an export job writes to <run>/exports/step-N first; default: the run's own
     export. `embodyhpc eval --ckpt` and evaluations while training set it."""
     reference_policies: list[str] = field(default_factory=lambda: ["expert", "random"])
-    """Reference rows of every report, run on the same episodes: expert (where the suite has one), random."""
+    """Reference rows of every report, run on the same episodes: expert (where the suite has one), random, replay
+    (a dataset's actions played back open-loop, a check of the env conventions: needs
+    eval.suite_options.replay_dataset, a LeRobot dataset; libero takes it)."""
     execute_steps: int = 5
     """Actions executed from each predicted chunk before the policy observes again (receding horizon)."""
     denoise_steps: int = 10
@@ -370,6 +384,10 @@ class EvalConfig:
             checks.positive(f"eval.{key}", getattr(self, key), allow_zero=True)
         for name in self.reference_policies:
             checks.choice("eval.reference_policies", name, tuple(reference_policy_names()))
+        if "replay" in self.reference_policies and not self.suite_options.get("replay_dataset"):
+            raise ConfigError("the replay row plays a dataset's actions back and none is given",
+                              key="eval.reference_policies", related=("eval.suite_options.replay_dataset",),
+                              fix="set eval.suite_options.replay_dataset=/path/to/lerobot_dataset, or drop replay")
         checks.slurm_mem("eval.mem", self.mem)
         checks.slurm_time_minutes("eval.time", self.time)
         num_episodes = len(self.tasks) * len(self.seeds) * self.episodes_per_task

@@ -5,6 +5,8 @@
     policies = make_reference_policies(["expert", "random"], suite)   # those the suite can provide, in order
 
 "expert" needs a suite with a scripted expert (`suite.has_expert`): suites without one leave that row out.
+"replay" needs a suite given a dataset (`suite.replay_dataset`, LIBERO's eval.suite_options.replay_dataset): it
+replays the dataset's actions as a check of the env conventions (eval/replay.py).
 Importing this module imports no simulator and no numpy (validate reads the names).
 """
 
@@ -27,11 +29,14 @@ class ReferencePolicy:
     """(suite) -> Policy, or "module:attr" naming it (imported on first use)."""
     needs_expert: bool = False
     """Only for suites with a scripted expert."""
+    needs_replay_dataset: bool = False
+    """Only for suites given a dataset to replay (eval.suite_options.replay_dataset: eval/replay.py)."""
 
 
 _REGISTRY: dict[str, ReferencePolicy] = {
     "expert": ReferencePolicy("embodyhpc.eval.policies:ExpertPolicy", needs_expert=True),
     "random": ReferencePolicy("embodyhpc.eval.policies:RandomPolicy"),
+    "replay": ReferencePolicy("embodyhpc.eval.replay:ReplayPolicy", needs_replay_dataset=True),
 }
 
 
@@ -44,14 +49,19 @@ def reference_policy_names() -> list[str]:
 
 
 def provides(name: str, suite: Suite) -> bool:
-    """Whether `suite` can run the reference policy `name` (the expert only where the suite has one)."""
-    return not _entry(name).needs_expert or bool(suite.has_expert)
+    """Whether `suite` can run the reference policy `name` (the expert only where the suite has one, the replay only
+    where it was given a dataset)."""
+    entry = _entry(name)
+    if entry.needs_replay_dataset and not getattr(suite, "replay_dataset", None):
+        return False
+    return not entry.needs_expert or bool(suite.has_expert)
 
 
 def make_reference_policy(name: str, suite: Suite) -> Policy:
     entry = _entry(name)
     if not provides(name, suite):
-        raise ValueError(f"the {suite.name} suite has no scripted expert")
+        raise ValueError(f"the {suite.name} suite has no scripted expert" if entry.needs_expert else
+                         f"the {suite.name} suite was given no dataset to replay (eval.suite_options.replay_dataset)")
     factory = entry.factory
     return (import_name(factory) if isinstance(factory, str) else factory)(suite)
 

@@ -121,7 +121,11 @@ def run_episode(env: EvalEnv, policy: Policy, episode: Episode, *, max_steps: in
         if recorder:
             recorder.abort()
         raise
-    return episode_record(episode, total=total, length=length, success_step=success_step, start=start)
+    record = episode_record(episode, total=total, length=length, success_step=success_step, start=start)
+    info = getattr(policy, "episode_info", None)  # what a reference policy reports of its episode (eval/replay.py)
+    if info is not None:
+        record["replay"] = info()
+    return record
 
 
 def episode_record(episode: Episode, *, total: float, length: int, success_step: int | None,

@@ -26,6 +26,10 @@ scene's appearance but not that state), then 10 settle steps of "hold still, gri
 not count. Success is the env's own goal check (`check_success()`, the conjunction of the task's BDDL goal
 predicates). Step limits: spatial 280 (openpi: 220), object 280, goal 300, libero_10 520, libero_90 400.
 
+Reference rows: LIBERO has no scripted expert, so the reference row is the random policy; `replay_dataset` (a
+LeRobot dataset) adds the "replay" row, its recorded actions played back open-loop as a check of these conventions
+(eval/replay.py).
+
 Rendering on CPU (EGL falls back to Mesa's llvmpipe) is the cost of a LIBERO evaluation. What this suite does: the
 skybox is not drawn (pixel-identical); cameras are rendered by this suite from the state at the end of each control
 step (robosuite's camera observables sample inside the step: a few pixels differ), and only for the observations the
@@ -217,7 +221,8 @@ class LiberoSuite:
     has_expert = False
 
     def __init__(self, tasks: Sequence[str], *, cameras: Sequence[str] = (), image_size: int = 256,
-                 video_size: int = 256, convention: str = "lerobot", render_quality: str = "exact") -> None:
+                 video_size: int = 256, convention: str = "lerobot", render_quality: str = "exact",
+                 replay_dataset: str | None = None) -> None:
         if convention not in CONVENTIONS:
             raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
         if render_quality not in RENDER_QUALITIES:
@@ -233,6 +238,7 @@ class LiberoSuite:
             raise ValueError("the libero suite needs at least one task")
         self.cameras, self.image_size, self.video_size = tuple(cameras), image_size, video_size
         self.convention, self.render_quality = convention, render_quality
+        self.replay_dataset = replay_dataset  # the "replay" reference row's LeRobot dataset (eval/replay.py)
         self._envs: dict[str, tuple[Any, np.ndarray]] = {}
         self._tasks: dict[str, Any] = {}
 

@@ -4,11 +4,13 @@
     policy.reset(task, seed)          # before every episode
     action = policy.act(obs)          # obs: the suite's observation dict (embodyhpc.eval.suites)
 
-The export folder (embodyhpc.checkpoint.export) holds model.safetensors, config.yaml (the resolved recipe) and,
-when the recipe normalised the state, normalization.json; the training job adds policy_io.json (the dataset's
-cameras, image size, real action dims). Loading is the same for every model: the weights are checked against
-export.json and against the model the recipe builds, then `model_spec(config.model.name).inference` acts with
-them (pi0.5: embodyhpc/models/pi05/inference.py, which also serves a batched shard: `act_batch`).
+The export folder (embodyhpc.checkpoint.export) holds model.safetensors, config.yaml (the resolved recipe) and, when
+the recipe normalised the state, normalization.json; the training job adds policy_io.json (the dataset's cameras,
+image size, real action dims) and, when training read a tokenizer file, its copy (tokenizer.model or
+tokenizer.json), which the policy then reads whatever the recipe's model.tokenizer_path says. Loading is the same
+for every model: the weights are checked against export.json and against the model the recipe builds, then
+`model_spec(config.model.name).inference` acts with them (pi0.5: embodyhpc/models/pi05/inference.py, which also
+serves a batched shard: `act_batch`).
 
 Placement (`inference_placement`): a shard with a GPU (eval.gpus_per_task) runs the policy there in bf16, a CPU
 shard in fp32; the runner feeds the model on the device its parameters are on.
@@ -20,7 +22,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from embodyhpc.models.checkpoint_assets import TOKENIZER_FILES
 from embodyhpc.rundir import read_policy_io
+
+__all__ = ["TOKENIZER_FILES", "inference_placement", "load_trained_policy", "with_export_tokenizer"]
 
 
 def inference_placement(gpus_per_task: int) -> tuple[str, Any]:
@@ -52,6 +57,7 @@ def load_trained_policy(export_dir: str | os.PathLike, *, execute_steps: int, de
         torch.set_num_threads(threads)
     export_dir = Path(export_dir)
     weights, summary, config, _ = load_checked_export(export_dir)
+    config = with_export_tokenizer(config, export_dir)
     model = build_model(config.model, config.precision)
     model.load_state_dict(weights, strict=True)
     device, dtype = inference_placement(gpus)
@@ -63,3 +69,16 @@ def load_trained_policy(export_dir: str | os.PathLike, *, execute_steps: int, de
                     num_action_dims=dims)
     policy.step = summary.get("step")
     return policy
+
+
+def with_export_tokenizer(config: Any, export_dir: Path) -> Any:
+    """The recipe with model.tokenizer_path at the tokenizer copy training left beside the weights (the one it read,
+    also when it came from model.init_weights rather than the recipe); unchanged when training used the built-in."""
+    import dataclasses
+
+    from embodyhpc.models.checkpoint_assets import export_tokenizer
+
+    copy = export_tokenizer(export_dir)
+    if copy is None:
+        return config
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, tokenizer_path=str(copy)))

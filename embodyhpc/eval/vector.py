@@ -105,6 +105,11 @@ class PerEnvPolicies:
         reads = getattr(self.policies[env], "reads_next_observation", None)
         return reads is None or bool(reads())
 
+    def episode_info(self, env: int) -> dict[str, Any]:
+        """What env's policy reports of its finished episode (the replay row's "replay" field), {} if nothing."""
+        info = getattr(self.policies[env], "episode_info", None)
+        return info() if info is not None else {}
+
 
 def _worker(conn: Any, spec: SuiteSpec) -> None:
     """One env process: serves the pipe protocol of the module doc until ("close",) or the parent goes away."""
@@ -245,6 +250,7 @@ def run_shard_vector(spec: SuiteSpec, episodes: Sequence[Episode], policy: Batch
     records: dict[int, dict[str, Any]] = {}
     summary = ShardSummary(out=out, policy=policy_name)
     reads = getattr(policy, "reads_next_observation", None)
+    info = getattr(policy, "episode_info", None)
     start = time.perf_counter()
     with EnvWorkers(spec, min(num_envs, max(len(ordered), 1))) as workers:
         summary.num_envs = len(workers)
@@ -292,6 +298,8 @@ def run_shard_vector(spec: SuiteSpec, episodes: Sequence[Episode], policy: Batch
                 workers.recv(env)
                 done_episode = running.pop(env)
                 records[done_episode.index] = _record(done_episode, policy_name, video_dir, extra)
+                if info is not None and (reported := info(env)):  # as rollout.run_episode does for one env
+                    records[done_episode.index]["replay"] = reported
                 summary.episodes += 1
                 summary.successes += int(done_episode.success_step is not None)
                 summary.steps += done_episode.length

@@ -3,10 +3,10 @@
 
 One process reads the complete DCP folder (model entries only, no collectives) and writes the run's
 exports/step-N/ (model.safetensors, config.yaml = the run's resolved recipe, export.json last), plus the files
-that tell an evaluation how the policy was fed in training (normalization.json, policy_io.json: the training job
-writes them next to its checkpoints when it starts; runs from before that have them in export/). A folder that
-is already whole (export.json present) is not written again. Whatever happens, it then removes this evaluation's
-pin from the checkpoint, so that the training run's retention may delete it later.
+that tell an evaluation how the policy was fed in training (normalization.json, policy_io.json, the tokenizer copy:
+the training job writes them next to its checkpoints when it starts; runs from before that have them in export/).
+A folder that is already whole (export.json present) is not written again. Whatever happens, it then removes this
+evaluation's pin from the checkpoint, so that the training run's retention may delete it later.
 
 Before anything is written the checkpoint must be readable (metadata, shard sizes) and its model must fit the
 model of both the run's recipe and the evaluation's: another model size or action_dim is refused in one line.
@@ -28,10 +28,11 @@ from embodyhpc.checkpoint import layout
 from embodyhpc.checkpoint.errors import NotACheckpointError
 from embodyhpc.config.load import load_resolved
 from embodyhpc.data.normalize import NORM_FILE
+from embodyhpc.eval.trained import TOKENIZER_FILES
 from embodyhpc.evaluate import checkpoint_export_dir, evaluated_checkpoint
 from embodyhpc.rundir import CHECKPOINTS_DIR, EXPORT_DIR, POLICY_IO_FILE, RESOLVED_YAML
 
-SIDE_FILES = (NORM_FILE, POLICY_IO_FILE)
+SIDE_FILES = (NORM_FILE, POLICY_IO_FILE, *TOKENIZER_FILES)
 SIDE_FILE_DIRS = (CHECKPOINTS_DIR, EXPORT_DIR)  # where a training run keeps them: first found wins
 
 

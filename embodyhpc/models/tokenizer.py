@@ -51,7 +51,12 @@ class SentencePieceTokenizer:
         except ImportError as exc:
             raise ConfigError(f"{path} is a SentencePiece model but the sentencepiece package is not installed",
                               key=_KEY, fix="pip install 'embodyhpc[train]' (or sentencepiece)") from exc
-        self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        except Exception as exc:  # sentencepiece raises RuntimeError/OSError with a multi-line message
+            raise ConfigError(f"{path} is not a readable SentencePiece model ({' '.join(str(exc).split())[:120]})",
+                              key=_KEY, fix="give PaliGemma's tokenizer.model (or set model.tokenizer_path to one)"
+                              ) from None
         self.vocab_size = self._sp.get_piece_size()
         self.pad_id = max(self._sp.pad_id(), 0)  # -1 when the model defines none; padding is masked anyway
         self.bos_id = self._sp.bos_id() if self._sp.bos_id() >= 0 else None
@@ -69,7 +74,12 @@ class HFTokenizer:
         except ImportError as exc:
             raise ConfigError(f"{path} is a tokenizers JSON file but the tokenizers package is not installed",
                               key=_KEY, fix="pip install tokenizers") from exc
-        self._tok = tokenizers.Tokenizer.from_file(str(path))
+        try:
+            self._tok = tokenizers.Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers' own exception type
+            raise ConfigError(f"{path} is not a readable tokenizers file ({' '.join(str(exc).split())[:120]})",
+                              key=_KEY, fix="give a tokenizer.json saved by tokenizers (or set model.tokenizer_path)"
+                              ) from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.pad_id = next((i for t in ("<pad>", "[PAD]") if (i := self._tok.token_to_id(t)) is not None), 0)
         self.bos_id = next((i for t in ("<bos>", "<s>", "[CLS]") if (i := self._tok.token_to_id(t)) is not None),

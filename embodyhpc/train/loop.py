@@ -127,7 +127,8 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
     optimizer = build_optimizer(model, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     _seed_rank_streams(train_cfg.seed + rank)
 
-    normalizer = StateNormalizer.from_dataset(data.root, model_cfg.state_key, model_cfg.state_norm)
+    # statistics and tokenizer: the run's own (resume), the recipe's, or what model.init_weights carries
+    model_cfg, normalizer, tokenizer_source = _policy_inputs(model_cfg, data.root, run_dir / CHECKPOINTS_DIR, is_rank0)
     loader, sampler = build_dataloader(
         _open(data, model_cfg), data, micro_batch_size=train_cfg.micro_batch_size, rank=rank,
         world_size=dist_env.world_size, seed=train_cfg.seed, device_type=device.type,
@@ -139,7 +140,7 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
     ckpt = Checkpointer(run_dir / CHECKPOINTS_DIR, checkpoint, seed=train_cfg.seed, device=device,
                         on_complete=on_checkpoint)
     if is_rank0:  # beside the checkpoints: how to feed the policy, for exports of any step (final or not)
-        write_policy_io(run_dir / CHECKPOINTS_DIR, data.root, model_cfg, normalizer)
+        write_policy_io(run_dir / CHECKPOINTS_DIR, data.root, model_cfg, normalizer, tokenizer_source)
     loaded = ckpt.load_latest(model, optimizer)
     start_step = 0
     if loaded is not None:
@@ -217,7 +218,7 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
         if checkpoint.export_final and stopped_by is None:
             export_path = ckpt.export(run_dir / EXPORT_DIR, config_yaml=config_yaml, step=final_step)
             if export_path is not None:  # rank 0: what evaluation needs to feed the policy as in training
-                write_policy_io(export_path.parent, data.root, model_cfg, normalizer)
+                write_policy_io(export_path.parent, data.root, model_cfg, normalizer, tokenizer_source)
     dist.barrier()  # FACTS: gloo ranks may abort at teardown without one
     return TrainResult(start_step, final_step, last_metrics, export_path, stopped_by)
 
@@ -247,6 +248,25 @@ def _open(data: DataConfig, model_cfg: ModelConfig):
                           fix=f"set data.delta_timestamps.action to [i / fps for i in "
                               f"range({model_cfg.action_horizon})]")
     return open_dataset(data.root, {key: list(value) for key, value in data.delta_timestamps.items()})
+
+
+def _policy_inputs(model_cfg: ModelConfig, data_root: str | None, run_checkpoints: Path,
+                   is_rank0: bool) -> tuple[ModelConfig, StateNormalizer, str | None]:
+    """The state normaliser and the tokenizer file this run feeds the policy with (models/checkpoint_assets.py:
+    the run's own on resume, the recipe's override, what model.init_weights carries, the dataset's); model_cfg
+    names the tokenizer file from then on, so everything built from it reads the same one."""
+    import dataclasses
+
+    from embodyhpc.models.checkpoint_assets import fit_warning, resolve_normalizer, resolve_tokenizer
+
+    normalizer, stats_from = resolve_normalizer(model_cfg, data_root, run_checkpoints=run_checkpoints)
+    tokenizer_path, tokenizer_from = resolve_tokenizer(model_cfg, run_checkpoints=run_checkpoints)
+    if is_rank0:
+        print(f"state statistics ({model_cfg.state_norm}): {stats_from}; tokenizer: {tokenizer_from}", flush=True)
+        warning = fit_warning(normalizer, data_root, stats_from)
+        if warning:
+            print(f"warning: {warning}", flush=True)
+    return dataclasses.replace(model_cfg, tokenizer_path=tokenizer_path), normalizer, tokenizer_path
 
 
 def _seed_rank_streams(seed: int) -> None:
@@ -331,11 +351,20 @@ def _fp8_metrics(counter: FP8GemmCounter, steps: int) -> dict[str, float]:
     return {"fp8_gemms": fp8 / max(steps, 1), "fp8_gemms_fell_back": fell_back / max(steps, 1)}
 
 
-def write_policy_io(export_dir: Path, data_root: str, model_cfg: ModelConfig, normalizer: StateNormalizer) -> None:
-    """Next to the exported weights: the state statistics (normalization.json) and policy_io.json (the dataset's
-    cameras, image size, state key and real action dims), so an evaluation feeds the policy as training did."""
+def write_policy_io(export_dir: Path, data_root: str, model_cfg: ModelConfig, normalizer: StateNormalizer,
+                    tokenizer_file: str | None = None) -> None:
+    """Next to the exported weights: the state statistics (normalization.json), policy_io.json (the dataset's
+    cameras, image size, state key and real action dims) and a copy of the tokenizer file training read, if any,
+    so an evaluation (and a resumed run) feeds the policy as training did."""
     from embodyhpc.data.info import dataset_info
-    from embodyhpc.rundir import POLICY_IO_FILE, write_json_atomic
+    from embodyhpc.models.checkpoint_assets import tokenizer_copy_name
+    from embodyhpc.rundir import POLICY_IO_FILE, replace_atomically, write_json_atomic
+
+    if tokenizer_file is not None:
+        copy = Path(export_dir) / tokenizer_copy_name(tokenizer_file)
+        if Path(tokenizer_file).resolve() != copy.resolve():
+            data = Path(tokenizer_file).read_bytes()
+            replace_atomically(copy, lambda tmp: Path(tmp).write_bytes(data))
 
     info = dataset_info(data_root)
     features = info.get("features", {})

@@ -71,3 +71,29 @@ def test_refusals_are_one_line(cli, export, tmp_path):
         result = cli("export", *args)
         assert result.code == 2 and message in result.err and len(result.err.strip().splitlines()) == 1, result.err
     assert (taken / "keep.txt").read_text() == "mine" and not (tmp_path / "x").exists()
+
+
+def test_the_lerobot_folder_carries_the_statistics_and_tokenizer_back_into_init_weights(cli, export, tmp_path):
+    """LeRobot's processor files hold the training statistics; a run starting from the folder reads them back (and
+    the tokenizer copy), as from a LeRobot-saved policy."""
+    from embodyhpc.config.schema import ModelConfig
+    from embodyhpc.data.normalize import StateNormalizer
+    from embodyhpc.models.checkpoint_assets import resolve_normalizer, resolve_tokenizer
+
+    source, _, model_cfg = export
+    trained = StateNormalizer("observation.state", "quantile", (0.5, -1.0, 2.0), (1.0, 0.25, 3.0))
+    trained.save(source)
+    (source / "tokenizer.model").write_bytes(b"not read here")
+    assert cli("export", str(source), "--out", str(tmp_path / "lerobot")).code == 0
+    out = tmp_path / "lerobot"
+    pre = json.loads((out / "policy_preprocessor.json").read_text())
+    names = [s["registry_name"] for s in pre["steps"]]
+    assert names[3] == "normalizer_processor" and names[-2] == "tokenizer_processor"
+    assert pre["steps"][3]["config"]["norm_map"]["STATE"] == "QUANTILES"
+    assert json.loads((out / "policy_postprocessor.json").read_text())["steps"][0]["registry_name"] == \
+        "unnormalizer_processor"
+    stats = load_file(out / pre["steps"][3]["state_file"])
+    assert set(stats) == {"observation.state.q01", "observation.state.q99"}  # no action statistics: raw actions
+    again, _ = resolve_normalizer(ModelConfig(state_norm="quantile", init_weights=str(out)), None)
+    assert again.offset == pytest.approx(trained.offset) and again.scale == pytest.approx(trained.scale)
+    assert resolve_tokenizer(ModelConfig(init_weights=str(out)))[0] == str(out / "tokenizer.model")

@@ -31,18 +31,23 @@ def registries(monkeypatch):
 
 
 def test_the_shipped_names_and_a_suite_without_expert(registries):
-    assert references.reference_policy_names() == ["expert", "random"]
-    made = references.make_reference_policies(["expert", "random"], LineSuite(["a"]))
-    assert list(made) == ["random"] and isinstance(made["random"], RandomPolicy)  # no expert in the line suite
+    assert references.reference_policy_names() == ["expert", "random", "replay"]
+    made = references.make_reference_policies(["expert", "random", "replay"], LineSuite(["a"]))
+    # no expert in the line suite, and no dataset to replay
+    assert list(made) == ["random"] and isinstance(made["random"], RandomPolicy)
     with pytest.raises(ValueError, match="the line suite has no scripted expert"):
         references.make_reference_policy("expert", LineSuite(["a"]))
-    with pytest.raises(ValueError, match="unknown reference policy 'zero'; registered: expert, random"):
+    with pytest.raises(ValueError, match="the line suite was given no dataset to replay"):
+        references.make_reference_policy("replay", LineSuite(["a"]))
+    with pytest.raises(ValueError, match="unknown reference policy 'zero'; registered: expert, random, replay"):
         references.make_reference_policy("zero", LineSuite(["a"]))
 
 
 def test_validate_reads_the_registry(registries):
     with pytest.raises(ConfigError, match=r"eval.reference_policies"):
         load_recipe("smoke_cpu", ["eval.reference_policies=[zero]"])
+    with pytest.raises(ConfigError, match=r"eval.reference_policies.*none is given.*replay_dataset"):
+        load_recipe("smoke_cpu", ["eval.reference_policies=[random,replay]"])
     references.register_reference_policy("zero", lambda suite: ConstantPolicy(0.0))
     assert load_recipe("smoke_cpu", ["eval.reference_policies=[zero,random]"]).config.eval.reference_policies == [
         "zero", "random"]

@@ -49,7 +49,7 @@ def test_libero_dataset_train_and_evaluate(tmp_path):
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     assert report["outcome"] == "complete", report["why"]
     overall = {name: p["overall"] for name, p in report["results"]["policies"].items()}
-    assert set(overall) == {"trained", "random"}
+    assert set(overall) == {"trained", "random", "replay"}
     assert all(o["recorded"] == o["planned"] == 2 for o in overall.values())
     io = json.loads((run_dir / "export" / "policy_io.json").read_text())
     assert io["cameras"] == ["image", "image2"] and io["action_dim"] == 7 and io["fps"] == 20
@@ -57,3 +57,7 @@ def test_libero_dataset_train_and_evaluate(tmp_path):
                path.read_text().splitlines()]
     trained = [r for r in records if r["policy"] == "trained"]
     assert {r["task"] for r in trained} == {"libero_spatial/0"} and all(r["length"] == 8 for r in trained)
+    # the replay row: the recorded episodes (seed 0, episodes 0 and 1) from their own initial states, in step
+    replayed = [r for r in records if r["policy"] == "replay"]
+    assert len(replayed) == 2 and all(r["replay"]["matched"] == "initial state" for r in replayed)
+    assert all(r["replay"]["max_state_error"] <= 1e-4 and r["replay"]["steps_replayed"] == 8 for r in replayed)

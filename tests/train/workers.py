@@ -33,13 +33,14 @@ HORIZON = 4
 
 
 def recipe(world_size: int, *, steps: int, every_steps: int, export_final: bool = True, precision: str = "fp32",
-           num_workers: int = 0, init_weights: str | None = None) -> Config:
+           num_workers: int = 0, init_weights: str | None = None,
+           model_options: dict[str, Any] | None = None) -> Config:
     return Config(
         resources=ResourcesConfig(nodes=1, tasks_per_node=world_size),
         data=DataConfig(format="lerobot", root=str(FIXTURE), num_workers=num_workers,
                         delta_timestamps={"action": [i / 10 for i in range(HORIZON)]}),
         model=ModelConfig(size="tiny", action_horizon=HORIZON, action_dim=8, max_token_len=128, packing=False,
-                          init_weights=init_weights),
+                          init_weights=init_weights, **(model_options or {})),
         train=TrainConfig(steps=steps, global_batch_size=4 * world_size, micro_batch_size=2, lr=1e-3,
                           warmup_steps=1, grad_clip=1.0, seed=3, log_every=1),
         precision=PrecisionConfig(mode=precision),
