@@ -29,6 +29,7 @@ from embodyhpc.eval.shards import all_episodes
 from embodyhpc.evaluate import evaluated_checkpoint
 from embodyhpc.launch.eval import SHARD_STARTED_FIELD, TRAINED, plan, planned_tasks, policy_names, weights_dir
 from embodyhpc.rundir import (
+    ATTEMPTS_FILE,
     HISTORY_FILE,
     PLOTS_DIR,
     REPORT_FILE,
@@ -197,12 +198,24 @@ def _log_to_mlflow(config: Any, info: RunInfo, report: dict[str, Any], outputs: 
                                artifacts=artifacts, start_ms=start_ms, end_ms=end_ms,
                                tags={"embodyhpc.run_dir": str(run)})
         if report["outcome"] == "train_failed" and not info.parent_run:
+            _log_failure_logs(uri, info, run)
             set_terminated(uri, info.mlflow_run_id, "FAILED", only_if_active=True, reason=report["why"])
         print(f"report: MLflow child run {child} of {info.mlflow_run_id}", flush=True)
         return child
     except Exception as exc:
         print(f"report: MLflow logging failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return None
+
+
+def _log_failure_logs(uri: str, info: RunInfo, run: Path) -> None:
+    """The failed training's logs on its MLflow run (logs/): what a user opens first to see why."""
+    from embodyhpc.runlogs import log_files
+    from embodyhpc.tracking.mlflow_run import log_artifacts
+
+    files = [(path, "logs") for _, path in log_files(info, "train") if path.stat().st_size]
+    files += [(run / name, "logs") for name in (RESULT_FILE, ATTEMPTS_FILE) if (run / name).is_file()]
+    if files:
+        log_artifacts(uri, info.mlflow_run_id, files)
 
 
 def _evaluation_times(files: list[Path]) -> tuple[int | None, int | None]:
