@@ -34,10 +34,5 @@ def test_a_shard_of_three_envs_writes_what_a_shard_of_one_writes(tmp_path, capsy
     require("metaworld", "sim")
     one, three = shard_records(tmp_path, 1, capsys), shard_records(tmp_path, 3, capsys)
     assert three == one
-    videos = sorted(p.relative_to(tmp_path / "envs-3" / "eval" / "videos").as_posix()
-                    for p in (tmp_path / "envs-3" / "eval" / "videos").rglob("*.mp4"))
-    for name in ("expert", "random"):  # per task, one video of each outcome that happened (videos_per_task: 1)
-        wanted = sorted({f"{name}/{r['task']}/{'success' if r['success'] else 'failure'}" for r in three[name]})
-        assert sorted(v.rsplit("-seed", 1)[0] for v in videos if v.startswith(f"{name}/")) == wanted
     assert [r["task"] for r in three["expert"]] == ["reach-v3"] * 3 + ["drawer-open-v3"] * 3
     assert len({r["return"] for r in three["expert"]}) == 6  # six different episodes, not one repeated
