@@ -199,7 +199,7 @@ def _create_mlflow_run(loaded: LoadedRecipe, run_dir: Path, progress: Progress) 
     except TrackingError as exc:
         progress(f"warning: MLflow tracking off for this run: {exc}")
         return None
-    progress(f"MLflow run {run_id}; dashboards: {ui_hint(uri)}")
+    progress(f"MLflow run {run_id}; dashboards: {ui_hint(uri, run_id)}")
     return run_id
 
 

@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from embodyhpc.errors import RunFailure
 from embodyhpc.tracking.mlflow_values import (  # re-exported: callers name them from here
@@ -458,11 +458,32 @@ def latest_metrics(uri: str, run_id: str) -> dict[str, float]:
     return found["metrics"]
 
 
-def ui_hint(uri: str) -> str:
-    """The one line a user runs (or opens) to see the dashboards of the store `uri`."""
+LOCAL_UI = "http://127.0.0.1:5000"
+ML_WORKFLOW = "workflowType=machine_learning"
+"""MLflow 3.17's UI picks its GenAI or model-training screens from this (URL, else the browser's last choice,
+else GenAI), not from the experiment's kind tag: links we print carry it so that they open on the runs table."""
+
+
+def ui_link(base: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
+    """The MLflow UI address of an experiment's runs table, or of one run's page, in the model-training screens."""
+    base = base.rstrip("/")
+    if experiment_id is None:
+        return f"{base}/#/experiments?{ML_WORKFLOW}"
+    page = f"runs/{quote(run_id, safe='')}" if run_id else "runs"
+    return f"{base}/#/experiments/{quote(str(experiment_id), safe='')}/{page}?{ML_WORKFLOW}"
+
+
+def ui_hint(uri: str, run_id: str | None = None) -> str:
+    """The one line a user runs (or opens) to see the dashboards of the store `uri` (at the run `run_id`, when
+    given and readable)."""
+    experiment_id = None
+    if run_id:
+        with contextlib.suppress(Exception):  # a hint without the run's page is still a hint
+            experiment_id = (find_run(uri, run_id) or {}).get("experiment_id")
     if is_http(uri):
-        return uri
-    return f"mlflow ui --backend-store-uri {shlex.quote(uri)} --port 5000   # then open http://127.0.0.1:5000"
+        return ui_link(uri, experiment_id, run_id if experiment_id else None)
+    return (f"mlflow ui --backend-store-uri {shlex.quote(uri)} --port 5000   # then open "
+            f"{ui_link(LOCAL_UI, experiment_id, run_id if experiment_id else None)}")
 
 
 def __getattr__(name: str) -> Any:
