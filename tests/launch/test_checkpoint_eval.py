@@ -30,7 +30,7 @@ def test_every_kth_periodic_checkpoint_short_of_the_last_step():
     assert not any(checkpoint_eval.evaluates_step(_config("eval.every_k_checkpoints=0"), s) for s in range(1, 1001))
     config = _config("eval.every_k_checkpoints=1", "eval.enabled=false")
     assert not any(checkpoint_eval.evaluates_step(config, s) for s in range(1, 1001))
-    assert checkpoint_eval.hook("/run", _config()) is None  # nothing to do: the loop gets no hook
+    assert checkpoint_eval.hook("/run", _config("eval.every_k_checkpoints=0")) is None  # the loop gets no hook
 
 
 def test_a_requested_evaluation_is_a_run_of_its_own_that_pins_the_checkpoint(training_run):
@@ -46,6 +46,7 @@ def test_a_requested_evaluation_is_a_run_of_its_own_that_pins_the_checkpoint(tra
     config = load_resolved(target)
     assert config.eval.weights == str(checkpoint)
     assert config.model == load_resolved(run).model and config.eval.tasks == load_resolved(run).eval.tasks
+    assert load_resolved(run).eval.reference_policies and config.eval.reference_policies == []  # the run's chain has them
     assert layout.pinned_by(checkpoint) == [str(target)]
     assert chain_kinds(load_recipe(str(target / "resolved.yaml")), eval_only=True) == ["export", "eval", "report"]
     assert checkpoint_eval.request(run, 40, checkpoint, progress=messages.append) is None  # once per step

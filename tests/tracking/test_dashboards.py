@@ -21,8 +21,8 @@ from embodyhpc.tracking.telemetry import TelemetrySampler
 pytestmark = pytest.mark.slow  # the server takes 9-30 s to answer /health on a shared machine
 
 
-def rest(uri: str, path: str, **query) -> dict:
-    url = f"{uri}/api/2.0/mlflow/{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+def rest(uri: str, endpoint: str, **query) -> dict:
+    url = f"{uri}/api/2.0/mlflow/{endpoint}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
     with urllib.request.urlopen(url, timeout=30) as response:
         return json.loads(response.read())
 
@@ -83,7 +83,7 @@ def test_experiment_kind_names_provenance_and_recipe(mlflow_server, tmp_path):
     assert run["tags"]["mlflow.note.content"] == "**pi05** trained"
     assert run["tags"]["mlflow.source.name"] == "embodyhpc submit recipes/demo_metaworld_cpu.yaml"
     assert len(run["tags"]["mlflow.source.git.commit"]) == 40 and run["tags"]["mlflow.user"]
-    assert artifacts(uri, run_id, "recipe") == {"recipe/overrides.txt": 38}
+    assert artifacts(uri, run_id, "recipe") == {"recipe/overrides.txt": 36}
     # a kind set by someone else stays
     MlflowClient(uri).set_experiment_tag(experiment["experiment_id"], "mlflow.experimentKind", "genai_development")
     mr.create_run(uri, experiment="made-by-hand", run_name="x")
@@ -136,8 +136,8 @@ def test_evaluations_reach_the_training_run_and_child_runs_carry_everything(mlfl
     assert metrics["eval/trained/reach-v3/mean_length"] == (12.0, 400)
     assert metrics["eval/trained/episodes_missing"] == (0.0, 400)
     # the evaluation's own times, not those of logging
-    assert (child["info"]["start_time"], child["info"]["end_time"]) == (str(1_700_000_400_000),
-                                                                      str(1_700_000_495_000))
+    assert (int(child["info"]["start_time"]), int(child["info"]["end_time"])) == (1_700_000_400_000,
+                                                                                1_700_000_495_000)
     assert child["info"]["status"] == "FINISHED"
     # report.md links its images to the child's artifacts, which the server serves
     markdown = raw(uri, f"get-artifact?path=report.md&run_uuid={children[400]}").decode()
