@@ -461,7 +461,8 @@ def latest_metrics(uri: str, run_id: str) -> dict[str, float]:
 LOCAL_UI = "http://127.0.0.1:5000"
 ML_WORKFLOW = "workflowType=machine_learning"
 """MLflow 3.17's UI picks its GenAI or model-training screens from this (URL, else the browser's last choice,
-else GenAI), not from the experiment's kind tag: links we print carry it so that they open on the runs table."""
+else GenAI), not from the experiment's kind tag: links we print carry it so that they open on the runs table. (Its
+experiments list does not pass it on: an experiment clicked there opens where the browser's last choice says.)"""
 
 
 def ui_link(base: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
@@ -469,8 +470,8 @@ def ui_link(base: str, experiment_id: str | None = None, run_id: str | None = No
     base = base.rstrip("/")
     if experiment_id is None:
         return f"{base}/#/experiments?{ML_WORKFLOW}"
-    page = f"runs/{quote(run_id, safe='')}" if run_id else "runs"
-    return f"{base}/#/experiments/{quote(str(experiment_id), safe='')}/{page}?{ML_WORKFLOW}"
+    page = f"/runs/{quote(run_id, safe='')}" if run_id else ""  # the experiment's own page: the UI picks the tab
+    return f"{base}/#/experiments/{quote(str(experiment_id), safe='')}{page}?{ML_WORKFLOW}"
 
 
 def ui_hint(uri: str, run_id: str | None = None) -> str:

@@ -68,7 +68,7 @@ def test_the_dashboards_open_on_the_runs_and_show_the_evaluation(mlflow_server, 
     uri = mlflow_server
     run_id, experiment_id, child = _demo_like_store(uri, tmp_path)
 
-    # (a) the experiment opens on the runs table, with our run in it
+    # (a) the experiment's page opens on the runs table (the UI chooses the tab), with our run in it
     browser.open(mr.ui_link(uri, experiment_id))
     browser.wait_for(lambda: "Run Name" in browser.text() and "170417 demo-metaworld" in browser.text(),
                      what="the runs table")

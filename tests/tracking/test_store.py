@@ -244,5 +244,5 @@ def test_ui_hint_opens_the_runs_page_of_a_run(sqlite_uri):
     assert mr.ui_hint(sqlite_uri, run_id).endswith(
         f"# then open http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning")
     assert mr.ui_hint(sqlite_uri, "0" * 32).endswith("/#/experiments?workflowType=machine_learning")  # no such run
-    assert mr.ui_link("http://h:1/", "3&x") == "http://h:1/#/experiments/3%26x/runs?workflowType=machine_learning"
+    assert mr.ui_link("http://h:1/", "3&x") == "http://h:1/#/experiments/3%26x?workflowType=machine_learning"
 
