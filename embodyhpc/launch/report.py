@@ -13,7 +13,7 @@ run are recorded as such. Outputs, under eval/:
 
 and, with tracking on (embodyhpc.tracking.evaluation): the headline success rates and intervals on the training
 run at the checkpoint step, and a child MLflow run of it with every statistic per task, the evaluation's
-parameters and times, the plots, the summary, report.json and the rollout videos.
+parameters and times, the plots, the summary and the rollout videos.
 """
 
 from __future__ import annotations
@@ -188,7 +188,6 @@ def _log_to_mlflow(config: Any, info: RunInfo, report: dict[str, Any], outputs: 
         uri = tracking_uri(config.tracking, config.job.runs_root)
         artifacts = [(path, "plots" if path.suffix == ".png" else None) for name, path in outputs.items()
                      if name != "summary"]
-        artifacts.append((run / REPORT_FILE, None))
         if (run / VIDEOS_DIR).is_dir():
             artifacts.append((run / VIDEOS_DIR, "videos"))
         start_ms, end_ms = _evaluation_times(shard_files(run))
