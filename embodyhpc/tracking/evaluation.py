@@ -53,9 +53,15 @@ def eval_params(ev: Any, *, step: int | None, weights: str | os.PathLike[str] | 
             "reference_policies": list(ev.reference_policies), "suite_options": dict(ev.suite_options)}
 
 
+HASHED = ("suite", "tasks", "seeds", "episodes_per_task", "execute_steps", "denoise_steps", "max_steps",
+          "suite_options")
+"""The settings that change the trained policy's numbers: evaluations of successive checkpoints with the same
+settings share a hash (their points belong to one curve); the weights and reference rows do not count."""
+
+
 def settings_hash(params: Mapping[str, Any]) -> str:
-    """6 hex digits of what was evaluated and how (the checkpoint step left out: it is in the name already)."""
-    settings = {key: value for key, value in params.items() if key != "checkpoint_step"}
+    """6 hex digits of how the policy was evaluated (HASHED)."""
+    settings = {key: params.get(key) for key in HASHED}
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:6]
 
 

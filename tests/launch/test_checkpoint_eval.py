@@ -131,12 +131,15 @@ def test_local_training_evaluates_every_kth_checkpoint_beside_training(cli, runs
     assert not any((p / "eval" / "history.jsonl").exists() for p in evals)
     uri = f"sqlite:///{runs_root.resolve() / 'mlflow.db'}"
     children = _children(uri, RunInfo.load(run).mlflow_run_id)
-    assert sorted(children) == ["eval-step-20", "eval-step-40", "eval-step-60", "eval-step-80"]
+    assert sorted(name.rsplit(" ", 1)[0] for name in children) == [f"step {s} eval" for s in (20, 40, 60, 80)]
+    assert len({name.rsplit(" ", 1)[1] for name in children}) == 1  # the same settings: one curve
     from embodyhpc.tracking.mlflow_run import client
 
     for name, child in children.items():
         history = client(uri).get_metric_history(child["run_id"], "eval/trained/success_rate")
-        assert [m.step for m in history] == [int(name.rsplit("-", 1)[1])]
+        assert [m.step for m in history] == [int(name.split(" ")[1])]
+    curve = client(uri).get_metric_history(RunInfo.load(run).mlflow_run_id, "eval/trained/success_rate")
+    assert sorted(m.step for m in curve) == [20, 40, 60, 80]  # the learning curve on the training run
     text = cli("status", str(run)).out
     assert "evaluations while training:" in text
     assert "step-20: export COMPLETED, eval COMPLETED (2/2 done), report COMPLETED" in text

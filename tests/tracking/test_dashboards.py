@@ -149,7 +149,8 @@ def test_evaluations_reach_the_training_run_and_child_runs_carry_everything(mlfl
     assert failed["info"]["status"] == "FAILED"
     assert failed["tags"]["embodyhpc.failure_reason"] == "1 of 2 evaluation shards missing: [1]"
     assert metrics != {key: (m["value"], int(m["step"])) for key, m in failed["metrics"].items()}
-    # two evaluations of one checkpoint with different settings have different names
+    # successive checkpoints evaluated alike share the hash; different settings at one checkpoint do not
+    assert run_of(uri, children[200])["info"]["run_name"].split(" ")[-1] == child["info"]["run_name"].split(" ")[-1]
     other = eval_params(SimpleNamespace(**{**EVAL.__dict__, "denoise_steps": 4}), step=400,
                         weights="/runs/x/checkpoints/step-400", tasks=tasks)
     assert child_run_name(other) != child["info"]["run_name"] and child_run_name(other).startswith("step 400 eval ")
