@@ -46,7 +46,8 @@ def test_a_requested_evaluation_is_a_run_of_its_own_that_pins_the_checkpoint(tra
     config = load_resolved(target)
     assert config.eval.weights == str(checkpoint)
     assert config.model == load_resolved(run).model and config.eval.tasks == load_resolved(run).eval.tasks
-    assert load_resolved(run).eval.reference_policies and config.eval.reference_policies == []  # the run's chain has them
+    # the reference rows are the run's own chain's: not evaluated again at every checkpoint
+    assert load_resolved(run).eval.reference_policies and config.eval.reference_policies == []
     assert layout.pinned_by(checkpoint) == [str(target)]
     assert chain_kinds(load_recipe(str(target / "resolved.yaml")), eval_only=True) == ["export", "eval", "report"]
     assert checkpoint_eval.request(run, 40, checkpoint, progress=messages.append) is None  # once per step

@@ -131,7 +131,8 @@ def test_evaluations_reach_the_training_run_and_child_runs_carry_everything(mlfl
     assert (child["params"]["checkpoint_step"], child["params"]["weights"]) == ("400", "/runs/x/checkpoints/step-400")
     metrics = {key: (m["value"], int(m["step"])) for key, m in child["metrics"].items()}
     assert metrics["eval/trained/reach-v3/success_rate"] == (0.6, 400)
-    assert metrics["eval/trained/reach-v3/success_ci_low"][0] < 0.6 < metrics["eval/trained/reach-v3/success_ci_high"][0]
+    low, high = metrics["eval/trained/reach-v3/success_ci_low"][0], metrics["eval/trained/reach-v3/success_ci_high"][0]
+    assert low < 0.6 < high
     assert metrics["eval/trained/reach-v3/mean_return"] == (2.0, 400)  # returns 0..4
     assert metrics["eval/trained/reach-v3/mean_length"] == (12.0, 400)
     assert metrics["eval/trained/episodes_missing"] == (0.0, 400)
