@@ -43,13 +43,17 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlparse
 
 from embodyhpc.errors import RunFailure
-from embodyhpc.tracking.mlflow_values import (  # re-exported: callers name them from here
+from embodyhpc.tracking.mlflow_values import (  # noqa: F401 - re-exported: callers name them from here
+    MAX_KEY_LENGTH,
     MAX_METRICS_PER_BATCH,
+    MAX_PARAM_VALUE_LENGTH,
     MAX_PARAMS_PER_BATCH,
     MAX_TAG_VALUE_LENGTH,
     NONFINITE_METRIC,
+    REDACTED,
     finite_metrics,
     flatten_params,
+    metric_key,
     one_line,
     tags_of,
     truncate,
