@@ -10,9 +10,10 @@ One MLflow run per `embodyhpc submit`, created by the CLI before any job starts;
     requeue/resume      the new job's sink marks it RUNNING again; metrics of the steps after the checkpoint are
                         logged a second time (MLflow keeps every value: the history shows both, "latest" is the
                         newest) -- logs/metrics.jsonl is the curve without duplicates
-    report job          log_child_run(...): a nested run with the evaluation metrics at the checkpoint step, plots,
-                        videos and the summary; set_terminated(..., "FAILED", only_if_active=True) closes a training
-                        run whose job died without closing it (OOM, SIGKILL, node failure)
+    report job          embodyhpc.tracking.evaluation: the headline on the training run at the checkpoint step and a
+                        nested run (log_child_run) with every statistic, plots, videos and the summary;
+                        set_terminated(..., "FAILED", only_if_active=True, reason=...) closes a training run whose
+                        job died without closing it (OOM, SIGKILL, node failure)
 
 MLflow run start_time is the submit time, so the UI's duration includes the queue wait.
 
