@@ -125,7 +125,8 @@ def local_summary(run_dir: Path) -> str:
         from embodyhpc.tracking.mlflow_run import tracking_uri, ui_hint
 
         config = load_resolved(run_dir)
-        lines.append(f"MLflow run {info.mlflow_run_id}: {ui_hint(tracking_uri(config.tracking, config.job.runs_root))}")
+        lines.append(f"MLflow run {info.mlflow_run_id}: "
+                     f"{ui_hint(tracking_uri(config.tracking, config.job.runs_root), info.mlflow_run_id)}")
     return "\n".join(lines)
 
 

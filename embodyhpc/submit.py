@@ -272,18 +272,26 @@ def _create_mlflow_run(loaded: LoadedRecipe, run_dir: Path, progress: Progress) 
     cfg = loaded.config
     if not cfg.tracking.enabled:
         return None
-    from embodyhpc.tracking.mlflow_run import TrackingError, create_run, tracking_uri, ui_hint
+    import yaml
 
+    from embodyhpc.tracking.mlflow_run import TrackingError, create_run, run_display_name, tracking_uri, ui_hint
+    from embodyhpc.tracking.mlflow_values import redact, redact_override
+    from embodyhpc.tracking.provenance import describe, source_tags
+
+    overrides = [redact_override(o) for o in loaded.overrides]
     uri = tracking_uri(cfg.tracking, cfg.job.runs_root)
     try:
-        run_id = create_run(uri, experiment=cfg.tracking.experiment or cfg.job.experiment, run_name=run_dir.name,
-                            params=_params(loaded), tags={"embodyhpc.run_dir": str(run_dir),
-                                                         "embodyhpc.recipe": loaded.recipe,
-                                                         "embodyhpc.site": loaded.site or ""})
+        run_id = create_run(uri, experiment=cfg.tracking.experiment or cfg.job.experiment,
+                            run_name=run_display_name(run_dir.name, cfg.job.name), params=_params(loaded),
+                            tags={"embodyhpc.run_dir": str(run_dir), "embodyhpc.recipe": loaded.recipe,
+                                  "embodyhpc.site": loaded.site or "", **source_tags(loaded.recipe)},
+                            description=describe(cfg, loaded.recipe, overrides),
+                            texts={"recipe/resolved.yaml": yaml.safe_dump(redact(_params(loaded)), sort_keys=False),
+                                   "recipe/overrides.txt": "".join(f"{o}\n" for o in overrides)})
     except TrackingError as exc:
         progress(f"warning: MLflow tracking off for this run: {exc}")
         return None
-    progress(f"MLflow run {run_id}; dashboards: {ui_hint(uri)}")
+    progress(f"MLflow run {run_id}; dashboards: {ui_hint(uri, run_id)}")
     return run_id
 
 

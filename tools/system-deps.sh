@@ -5,10 +5,12 @@
 #   - libfuse2 for bench/latency_fs.py (staging bench behind a simulated metadata latency)
 #   - EGL + Mesa (llvmpipe) so MuJoCo renders MetaWorld cameras without a GPU (MUJOCO_GL=egl); libGL + GLib for
 #     OpenCV, which gym-pusht imports
+#   - Chromium and chromedriver for the MLflow UI test in a real browser (tests/tracking/test_browser.py)
 #   - the local Slurm cluster for tests: tools/slurm-local.sh install
 set -euo pipefail
 PACKAGES=(libavutil57 libavcodec59 libavformat59 libavdevice59 libavfilter8 libswscale6 libswresample4 ffmpeg
-          libegl1 libgl1-mesa-dri libopengl0 libgl1 libglib2.0-0 libfuse2 ${EMBODYHPC_EXTRA_DEBS:-})
+          libegl1 libgl1-mesa-dri libopengl0 libgl1 libglib2.0-0 libfuse2 chromium chromium-driver
+          ${EMBODYHPC_EXTRA_DEBS:-})
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -72,3 +72,27 @@ def format_info(info: dict[str, Any]) -> str:
         codec = f" ({spec['codec']})" if spec.get("codec") else ""
         lines.append(f"  {name}: {spec['dtype']} {spec['shape']}{codec}")
     return "\n".join(lines) + "\n"
+
+
+def dataset_fingerprint(root: str | os.PathLike) -> str:
+    """A sha256 (hex) that changes when the dataset does, read in milliseconds whatever its size: every file's
+    relative path and size, plus the content of the metadata (LeRobot's meta/ folder; for a single file such as an
+    HDF5 dataset, its first and last MiB)."""
+    import hashlib
+
+    path = Path(root)
+    digest = hashlib.sha256()
+    if path.is_file():
+        size = path.stat().st_size
+        digest.update(f"{path.name}\0{size}\0".encode())
+        with path.open("rb") as f:
+            digest.update(f.read(1 << 20))
+            f.seek(max(0, size - (1 << 20)))
+            digest.update(f.read(1 << 20))
+        return digest.hexdigest()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        relative = file.relative_to(path).as_posix()
+        digest.update(f"{relative}\0{file.stat().st_size}\0".encode())
+        if relative.startswith("meta/"):
+            digest.update(file.read_bytes())
+    return digest.hexdigest()

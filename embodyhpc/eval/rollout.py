@@ -7,16 +7,19 @@
 One JSON record per episode:
 
     {"policy": "trained", "task": "reach-v3", "seed": 0, "episode": 3, "success": true, "return": 412.7,
-     "length": 57, "success_step": 57, "wall_s": 0.41, "video": "trained/reach-v3/seed0-ep0003.mp4" or null, ...}
+     "length": 57, "success_step": 57, "wall_s": 0.41, "video": "trained/reach-v3/success-seed0-ep0003.mp4" or null,
+     ...}
 
 success: any step reported success. With stop_on_success (the default) the episode ends at that step, as the
 demos do; length counts the steps taken and success_step is the first successful one (1-based, null if none).
 The shard file is written as `<name>.tmp` and renamed when every episode is in: a shard file exists only when
 complete, so the report can tell a missing shard from a short one.
 
-Videos (H.264, yuv420p, plays in browsers and MLflow): episodes numbered below `videos_per_task` of every
-(task, seed), i.e. the same episodes whatever the sharding; frames from `env.render()` (the suite's video camera),
-the initial state and one per step, at the simulator's control rate.
+Videos (H.264, yuv420p, plays in browsers and MLflow): per task, up to `videos_per_task` successes AND as many
+failures (`VideoKeeper`), named by outcome: `<policy>/<task>/success-seed0-ep0003.mp4`, `failure-...`. An episode is
+filmed while its task still lacks a video of either outcome (at most RECORDINGS_PER_KEPT x videos_per_task tries
+per task and shard); a film whose outcome is already covered is deleted. Frames from `env.render()` (the suite's
+video camera), the initial state and one per step, at the simulator's control rate.
 
 Cameras cost most of an episode on CPU. A policy that says whether its next `act` reads the observation
 (`reads_next_observation()`, e.g. between re-plans of a receding horizon) lets a suite that can skip rendering
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -136,11 +140,10 @@ def episode_record(episode: Episode, *, total: float, length: int, success_step:
             "wall_s": time.perf_counter() - start}
 
 
-def shard_record(policy_name: str, episode: Episode, record: Mapping[str, Any], *, video: bool,
+def shard_record(policy_name: str, episode: Episode, record: Mapping[str, Any], *, video: str | None,
                  extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The line a shard file holds for an episode: its policy, its record, its video's name, the extra fields."""
-    return {"policy": policy_name, **record, "video": video_name(policy_name, episode) if video else None,
-            **(extra or {})}
+    """The line a shard file holds for an episode: its policy, its record, its kept video's name, the extra fields."""
+    return {"policy": policy_name, **record, "video": video, **(extra or {})}
 
 
 @dataclass
@@ -170,9 +173,49 @@ class ShardSummary:
                 "episodes_per_s": self.episodes_per_s, "steps_per_s": self.steps_per_s}
 
 
-def video_name(policy_name: str, episode: Episode) -> str:
-    """Where an episode's video lands under video_dir (also the record's "video" field)."""
-    return f"{policy_name}/{episode.task}/seed{episode.seed}-ep{episode.episode:04d}.mp4"
+def video_name(policy_name: str, episode: Episode, outcome: str) -> str:
+    """Where an episode's kept video lands under video_dir (also the record's "video" field); outcome is
+    "success" or "failure"."""
+    return f"{policy_name}/{episode.task}/{outcome}-seed{episode.seed}-ep{episode.episode:04d}.mp4"
+
+
+RECORDINGS_PER_KEPT = 4
+"""An episode is filmed only while its task lacks a video of some outcome, at most this many x videos_per_task
+times per task (a policy that never fails does not film every episode looking for a failure)."""
+
+
+class VideoKeeper:
+    """Which episodes of one shard and policy are filmed, and which films are kept under which name."""
+
+    def __init__(self, video_dir: str | os.PathLike | None, policy_name: str, videos_per_task: int) -> None:
+        self.video_dir = Path(video_dir) if video_dir is not None else None
+        self.policy_name, self.per_task = policy_name, videos_per_task
+        self.kept: Counter[tuple[str, bool]] = Counter()
+        self.filmed: Counter[str] = Counter()
+
+    def film(self, episode: Episode) -> Path | None:
+        """Where to film `episode` (its folder made), or None when its task needs no more films."""
+        task = episode.task
+        covered = all(self.kept[task, outcome] >= self.per_task for outcome in (True, False))
+        if self.video_dir is None or covered or self.filmed[task] >= RECORDINGS_PER_KEPT * self.per_task:
+            return None
+        self.filmed[task] += 1
+        path = self.video_dir / self.policy_name / task / f"filming-seed{episode.seed}-ep{episode.episode:04d}.mp4"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def keep(self, episode: Episode, film: Path | None, success: bool) -> str | None:
+        """The film renamed by outcome (its name under video_dir), or deleted (None) when that outcome of its task
+        has its videos already."""
+        if film is None or self.video_dir is None:
+            return None
+        if self.kept[episode.task, success] >= self.per_task or not film.is_file():
+            film.unlink(missing_ok=True)
+            return None
+        self.kept[episode.task, success] += 1
+        name = video_name(self.policy_name, episode, "success" if success else "failure")
+        film.replace(self.video_dir / name)
+        return name
 
 
 def check_shard_args(videos_per_task: int, extra: Mapping[str, Any] | None) -> None:
@@ -188,16 +231,6 @@ def shard_order(episodes: Sequence[Episode]) -> list[Episode]:
     simulator between its episodes)."""
     first_seen = {task: i for i, task in reversed(list(enumerate(e.task for e in episodes)))}
     return sorted(episodes, key=lambda e: first_seen[e.task])  # stable: plan order within a task
-
-
-def episode_video(video_dir: str | os.PathLike | None, policy_name: str, episode: Episode,
-                  videos_per_task: int) -> Path | None:
-    """Where the episode's video goes (its folder made), None when it records none (see the module doc)."""
-    if video_dir is None or episode.episode >= videos_per_task:
-        return None
-    video = Path(video_dir) / video_name(policy_name, episode)
-    video.parent.mkdir(parents=True, exist_ok=True)
-    return video
 
 
 def run_shard(suite: Suite, episodes: Sequence[Episode], policy: Policy, out_jsonl: str | os.PathLike, *,
@@ -216,24 +249,26 @@ def run_shard(suite: Suite, episodes: Sequence[Episode], policy: Policy, out_jso
     summary = ShardSummary(out=out, policy=policy_name)
     start = time.perf_counter()
     records = []
+    videos = VideoKeeper(video_dir, policy_name, videos_per_task)
     for episode in shard_order(episodes):
-        video = episode_video(video_dir, policy_name, episode, videos_per_task)
+        film = videos.film(episode)
         env = suite.make_env(episode.task, episode.seed, episode.episode)
         try:
             limit = max_steps or suite.max_steps(episode.task)
-            record = run_episode(env, policy, episode, max_steps=limit, video=video, stop_on_success=stop_on_success)
+            record = run_episode(env, policy, episode, max_steps=limit, video=film, stop_on_success=stop_on_success)
         finally:
             env.close()
-        records.append(shard_record(policy_name, episode, record, video=video is not None, extra=extra))
+        kept = videos.keep(episode, film, record["success"])
+        records.append(shard_record(policy_name, episode, record, video=kept, extra=extra))
         summary.episodes += 1
         summary.successes += int(record["success"])
         summary.steps += record["length"]
-        if video:
-            summary.videos.append(video)
+        if kept:
+            summary.videos.append(Path(video_dir) / kept)
     write_jsonl_atomic(out, records, durable=True)  # a shard file exists only when complete
     summary.wall_s = time.perf_counter() - start
     return summary
 
 
-__all__ = ["RECORD_FIELDS", "EpisodeVideo", "ShardSummary", "check_shard_args", "episode_record", "episode_video",
+__all__ = ["RECORD_FIELDS", "EpisodeVideo", "ShardSummary", "VideoKeeper", "check_shard_args", "episode_record",
            "run_episode", "run_shard", "shard_order", "shard_record", "video_name"]

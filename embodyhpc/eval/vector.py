@@ -44,9 +44,9 @@ from embodyhpc.eval.policies import Policy
 from embodyhpc.eval.rollout import (
     EpisodeVideo,
     ShardSummary,
+    VideoKeeper,
     check_shard_args,
     episode_record,
-    episode_video,
     shard_order,
     shard_record,
 )
@@ -251,6 +251,7 @@ def run_shard_vector(spec: SuiteSpec, episodes: Sequence[Episode], policy: Batch
     summary = ShardSummary(out=out, policy=policy_name)
     reads = getattr(policy, "reads_next_observation", None)
     info = getattr(policy, "episode_info", None)
+    videos = VideoKeeper(video_dir, policy_name, videos_per_task)
     start = time.perf_counter()
     with EnvWorkers(spec, min(num_envs, max(len(ordered), 1))) as workers:
         summary.num_envs = len(workers)
@@ -262,7 +263,7 @@ def run_shard_vector(spec: SuiteSpec, episodes: Sequence[Episode], policy: Batch
                 if not pending:
                     continue
                 index, episode = pending.popleft()
-                video = episode_video(video_dir, policy_name, episode, videos_per_task)
+                video = videos.film(episode)
                 policy.reset(episode.task, episode_seed(episode.task, episode.seed, episode.episode), env)
                 running[env] = _Running(index, episode, video, time.perf_counter())
                 workers.send(env, "start", episode.task, episode.seed, episode.episode, video,
@@ -297,24 +298,25 @@ def run_shard_vector(spec: SuiteSpec, episodes: Sequence[Episode], policy: Batch
             for env in finished:
                 workers.recv(env)
                 done_episode = running.pop(env)
-                records[done_episode.index] = _record(done_episode, policy_name, video_dir, extra)
+                kept = videos.keep(done_episode.episode, done_episode.video, done_episode.success_step is not None)
+                records[done_episode.index] = _record(done_episode, policy_name, kept, extra)
                 if info is not None and (reported := info(env)):  # as rollout.run_episode does for one env
                     records[done_episode.index]["replay"] = reported
                 summary.episodes += 1
                 summary.successes += int(done_episode.success_step is not None)
                 summary.steps += done_episode.length
-                if done_episode.video:
-                    summary.videos.append(done_episode.video)
+                if kept:
+                    summary.videos.append(Path(video_dir) / kept)
             start_next(finished)
     write_jsonl_atomic(out, [records[index] for index in sorted(records)], durable=True)
     summary.wall_s = time.perf_counter() - start
     return summary
 
 
-def _record(done: _Running, policy_name: str, video_dir: Any, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+def _record(done: _Running, policy_name: str, video: str | None, extra: Mapping[str, Any] | None) -> dict[str, Any]:
     record = episode_record(done.episode, total=done.total, length=done.length, success_step=done.success_step,
                             start=done.start)
-    return shard_record(policy_name, done.episode, record, video=bool(done.video), extra=extra)
+    return shard_record(policy_name, done.episode, record, video=video, extra=extra)
 
 
 __all__ = ["BatchPolicy", "EnvWorkers", "PerEnvPolicies", "SuiteSpec", "run_shard_vector"]

@@ -7,7 +7,8 @@ those; a step evaluated once (by an earlier attempt of a requeued job) is not ev
 How, for step N: the checkpointer's completion hook on rank 0 of the training job (for async saves that is the
 checkpoint finisher thread: the training thread never waits for any of this) calls `request`, which
 1. makes <run>/evals/step-N/ an evaluation run directory (embodyhpc.orchestrate.api.start_run): resolved.yaml
-   is the run's recipe with eval.weights = <run>/checkpoints/step-N, run.json names the training run as parent_run
+   is the run's recipe with eval.weights = <run>/checkpoints/step-N and no reference rows (the run's own chain
+   evaluates those once: they do not change with the checkpoint), run.json names the training run as parent_run
    and shares its MLflow run, and the checkpoint gets this evaluation's pin, so retention (checkpoint.keep_latest_k)
    keeps it until the export job has read it;
 2. runs the chain `embodyhpc eval --ckpt` runs, on the evaluation's own resources (eval.cpus_per_task, eval.mem,
@@ -47,7 +48,9 @@ def request(run: Path, step: int, checkpoint: Path, progress: Callable[[str], No
 
     target = eval_run_dir(run, step)
     parent = RunInfo.load(run)
-    loaded = load_recipe(str(Path(run) / RESOLVED_YAML), [f"eval.weights={checkpoint}"], recipe_site_keys="keep")
+    # the reference rows (expert, random) do not change with the checkpoint: the run's own chain evaluates them once
+    loaded = load_recipe(str(Path(run) / RESOLVED_YAML), [f"eval.weights={checkpoint}", "eval.reference_policies=[]"],
+                         recipe_site_keys="keep")
     if not make_run_dir(target):
         return None
     info = start_run(loaded, target, backend=parent.backend, python=parent.python,

@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from embodyhpc.evaluate import checkpoint_export_dir, evaluated_checkpoint
 from embodyhpc.rundir import EXPORT_DIR, VIDEOS_DIR, shard_file
 
 TRAINED = "trained"
+SHARD_STARTED_FIELD = "shard_started_at"
+"""Each record's extra field: when its shard started with its policy (s since the epoch; the report's start time)."""
 SHARD_RETRIES = 1
 
 
@@ -115,7 +118,8 @@ def _run(run: Path, shard: int) -> dict[str, Any]:
             row = TRAINED if name == TRAINED else "reference"
             common = dict(policy_name=name, video_dir=run / VIDEOS_DIR, videos_per_task=ev.videos_per_task,
                           max_steps=ev.max_steps or None,
-                          extra={"shard": shard, "checkpoint_step": step, "host": socket.gethostname()})
+                          extra={"shard": shard, "checkpoint_step": step, "host": socket.gethostname(),
+                                 SHARD_STARTED_FIELD: time.time()})
             if ev.envs_per_shard > 1:
                 batch = policy if name == TRAINED else PerEnvPolicies(
                     lambda name=name: make_reference_policy(name, state_suite), ev.envs_per_shard)

@@ -5,8 +5,12 @@
 - MLflow: rank 0 continues the run `submit` created (its id is in run.json) with the loop's metrics. The run's
   end status follows the attempt: FINISHED when training completed, RUNNING when the job was requeued (the next
   attempt continues it), FAILED otherwise. A tracking store that cannot be reached never stops training.
+- MLflow inputs: rank 0 logs the training dataset as the run's dataset input (name, path, episode count,
+  fingerprint) when the attempt starts; a failed attempt ends the run FAILED with the exception as its failure
+  reason (tag embodyhpc.failure_reason, and a line in the description).
 - telemetry: local rank 0 of every node samples GPUs and the host every tracking.telemetry_interval_s into the
-  same MLflow run (sys/<node>/... metrics), through its own sink (the sampler runs on its own thread).
+  same MLflow run under MLflow's system-metrics names (system/node_<i>/...: the System metrics tab), through its
+  own sink (the sampler runs on its own thread); a requeued job continues the node's sample numbers.
 """
 
 from __future__ import annotations
@@ -53,9 +57,10 @@ class _KeepOpen:
 class RunTracking:
     """The MLflow side of one training attempt on one rank (inactive where there is nothing to do)."""
 
-    def __init__(self, config: Config, run_dir: Path, *, rank: int, local_rank: int) -> None:
+    def __init__(self, config: Config, run_dir: Path, *, rank: int, local_rank: int, node_rank: int = 0) -> None:
         self.sink = None
         self.sampler = None
+        self.config = config
         run_id = None
         if config.tracking.enabled:
             with contextlib.suppress(Exception):  # no run.json (tests calling train_task) = no tracking
@@ -66,14 +71,16 @@ class RunTracking:
         from embodyhpc.tracking.mlflow_sink import MlflowMetricsSink
 
         uri = tracking_uri(config.tracking, config.job.runs_root)
+        self.uri, self.run_id = uri, run_id
         if rank == 0:
             self.sink = MlflowMetricsSink(uri, run_id, prefix="train/")
         interval = config.tracking.telemetry_interval_s
         if local_rank == 0 and interval > 0:
-            from embodyhpc.tracking.telemetry import TelemetrySampler
+            from embodyhpc.tracking.telemetry import TelemetrySampler, node_id
 
-            self.sampler = TelemetrySampler(MlflowMetricsSink(uri, run_id, owns_status=False), node=node_name(),
-                                            interval_s=interval)
+            sink = MlflowMetricsSink(uri, run_id, owns_status=False)
+            self.sampler = TelemetrySampler(sink, node=node_name(), node_index=node_rank, interval_s=interval,
+                                            first_step=sink.next_step(f"system/{node_id(node_rank)}/"))
 
     def sinks(self) -> list[Any]:
         """Extra metric sinks for the loop (rank 0 only)."""
@@ -84,19 +91,42 @@ class RunTracking:
         """Telemetry while training runs; the run's status from how the attempt ended."""
         if self.sampler is not None:
             self.sampler.start()
-        status = "FAILED"
+        if self.sink is not None:
+            self._log_dataset()
+        status, reason = "FAILED", None
         try:
             yield self
             status = self.outcome_status
         except SystemExit as exc:  # preempt.Requeued: the next attempt continues the run; Stopped: Slurm ended it
             status = {REQUEUE_EXIT_CODE: "RUNNING", STOPPED_EXIT_CODE: "KILLED"}.get(exc.code, "FAILED")
+            reason = str(exc) or None
+            raise
+        except BaseException as exc:
+            reason = f"{type(exc).__name__}: {exc}"
             raise
         finally:
             if self.sampler is not None:
                 self.sampler.stop()
                 self.sampler.sink.close()  # sends what is left; this sink never changes the run's status
             if self.sink is not None:
-                self.sink.close(status)
+                self.sink.close(status, reason=reason)
+
+    def _log_dataset(self) -> None:
+        """The training dataset as the run's MLflow input; a problem here costs that record, never the training."""
+        data = self.config.data
+        if data.format == "synthetic" or not data.root:
+            return
+        try:
+            from embodyhpc.data.info import dataset_fingerprint, dataset_info
+            from embodyhpc.tracking.provenance import log_dataset
+
+            info = dataset_info(data.root)
+            log_dataset(self.uri, self.run_id, name=Path(str(data.root)).name, path=str(data.root),
+                        num_episodes=info.get("num_episodes"), fingerprint=dataset_fingerprint(data.root),
+                        profile={"num_frames": info.get("num_frames"), "format": info.get("format"),
+                                 "fps": info.get("fps")})
+        except Exception as exc:  # noqa: BLE001
+            print(f"embodyhpc: the dataset input of MLflow run {self.run_id} was not logged: {exc}", flush=True)
 
     outcome_status = "FINISHED"
 

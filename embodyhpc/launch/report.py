@@ -11,8 +11,9 @@ run are recorded as such. Outputs, under eval/:
                     of a checkpoint while training ran (run.json's parent_run) writes its line into the training
                     run's history instead, so that run's success-vs-step plot holds every step evaluated
 
-and, with tracking on, a child MLflow run of the training run: metrics keyed by the checkpoint step, the plots,
-the summary, report.json and the rollout videos.
+and, with tracking on (embodyhpc.tracking.evaluation): the headline success rates and intervals on the training
+run at the checkpoint step, and a child MLflow run of it with every statistic per task, the evaluation's
+parameters and times, the plots, the summary and the rollout videos.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from embodyhpc.checkpoint import layout
 from embodyhpc.config.load import load_resolved
 from embodyhpc.eval.shards import all_episodes
 from embodyhpc.evaluate import evaluated_checkpoint
-from embodyhpc.launch.eval import TRAINED, plan, planned_tasks, policy_names
+from embodyhpc.launch.eval import SHARD_STARTED_FIELD, TRAINED, plan, planned_tasks, policy_names, weights_dir
 from embodyhpc.rundir import (
+    ATTEMPTS_FILE,
     HISTORY_FILE,
     PLOTS_DIR,
     REPORT_FILE,
@@ -177,34 +179,57 @@ def _write_outputs(run: Path, report: dict[str, Any], results: Any, step: int | 
 
 def _log_to_mlflow(config: Any, info: RunInfo, report: dict[str, Any], outputs: dict[str, Path],
                    step: int | None, run: Path) -> str | None:
-    """A child run of the training run; a tracking failure is reported, never fatal to the report."""
+    """The evaluation on the training run (headline at the checkpoint step) and as its child run; a tracking
+    failure is reported, never fatal to the report."""
     try:
-        from embodyhpc.tracking.mlflow_run import log_child_run, set_terminated, tracking_uri
+        from embodyhpc.tracking.evaluation import eval_params, log_evaluation
+        from embodyhpc.tracking.mlflow_run import set_terminated, tracking_uri
 
         uri = tracking_uri(config.tracking, config.job.runs_root)
-        metrics: dict[str, float] = {}
-        for name, p in report["results"]["policies"].items():
-            overall = p["overall"]
-            if overall["success_rate"] is not None:
-                metrics[f"eval/{name}/success_rate"] = overall["success_rate"]
-                metrics[f"eval/{name}/success_ci_low"] = overall["ci_low"]
-                metrics[f"eval/{name}/success_ci_high"] = overall["ci_high"]
-            metrics[f"eval/{name}/episodes_missing"] = float(overall["planned"] - overall["recorded"])
-            for task, stats in p["tasks"].items():
-                if stats["success_rate"] is not None:
-                    metrics[f"eval/{name}/{task}/success_rate"] = stats["success_rate"]
-        artifacts = [(path, "plots" if path.suffix == ".png" else None) for path in outputs.values()]
+        artifacts = [(path, "plots" if path.suffix == ".png" else None) for name, path in outputs.items()
+                     if name != "summary"]
         if (run / VIDEOS_DIR).is_dir():
             artifacts.append((run / VIDEOS_DIR, "videos"))
-        child = log_child_run(uri, info.mlflow_run_id, run_name=f"eval-step-{step if step is not None else 'na'}",
-                              metrics=metrics, step=step or 0, params={"suite": config.eval.suite,
-                                                                       "tasks": ",".join(config.eval.tasks)},
-                              tags={"embodyhpc.outcome": report["outcome"], "embodyhpc.run_dir": str(run)},
-                              artifacts=artifacts)
-        if report["outcome"] == "train_failed":
-            set_terminated(uri, info.mlflow_run_id, "FAILED", only_if_active=True)
+        start_ms, end_ms = _evaluation_times(shard_files(run))
+        params = eval_params(config.eval, step=step, weights=weights_dir(config, run), tasks=planned_tasks(config))
+        child = log_evaluation(uri, info.mlflow_run_id, step=step, results=report["results"], params=params,
+                               outcome=report["outcome"], why=report["why"], summary=outputs.get("summary"),
+                               artifacts=artifacts, start_ms=start_ms, end_ms=end_ms,
+                               tags={"embodyhpc.run_dir": str(run)})
+        if report["outcome"] == "train_failed" and not info.parent_run:
+            _log_failure_logs(uri, info, run)
+            set_terminated(uri, info.mlflow_run_id, "FAILED", only_if_active=True, reason=report["why"])
         print(f"report: MLflow child run {child} of {info.mlflow_run_id}", flush=True)
         return child
     except Exception as exc:
         print(f"report: MLflow logging failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return None
+
+
+def _log_failure_logs(uri: str, info: RunInfo, run: Path) -> None:
+    """The failed training's logs on its MLflow run (logs/): what a user opens first to see why."""
+    from embodyhpc.runlogs import log_files
+    from embodyhpc.tracking.mlflow_run import log_artifacts
+
+    files = [(path, "logs") for _, path in log_files(info, "train") if path.stat().st_size]
+    files += [(run / name, "logs") for name in (RESULT_FILE, ATTEMPTS_FILE) if (run / name).is_file()]
+    if files:
+        log_artifacts(uri, info.mlflow_run_id, files)
+
+
+def _evaluation_times(files: list[Path]) -> tuple[int | None, int | None]:
+    """(start, end) of the evaluation in ms since the epoch: the earliest start a shard recorded, the last shard
+    file written; (None, None) when no shard reported (MLflow then uses the time of logging)."""
+    starts, ends = [], []
+    for path in files:
+        ends.append(path.stat().st_mtime)
+        for line in path.read_text().splitlines():
+            if line.strip():
+                started = json.loads(line).get(SHARD_STARTED_FIELD)
+                if isinstance(started, int | float):
+                    starts.append(started)
+    if not ends:
+        return None, None
+    end = max(ends)
+    start = min(starts) if starts else min(ends)
+    return int(min(start, end) * 1000), int(end * 1000)

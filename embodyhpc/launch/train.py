@@ -85,7 +85,8 @@ def train_task(run_dir: str) -> dict:
     stop = StopSignal().install()
     observe.preflight(Path(run_dir), config, dist_env.local_rank)  # a bad node fails here, naming itself
     data_root = prepare_data(config.data, config.staging, dist_env.local_rank)
-    tracking = observe.RunTracking(config, Path(run_dir), rank=dist_env.rank, local_rank=dist_env.local_rank)
+    tracking = observe.RunTracking(config, Path(run_dir), rank=dist_env.rank, local_rank=dist_env.local_rank,
+                                   node_rank=dist_env.node_rank)
     device, backend = device_and_backend(config.resources.gpus_per_node, synthetic=data_root is None)
     with tracking.attempt():
         # the device is bound (current) before the process group exists; see distributed.rank_device

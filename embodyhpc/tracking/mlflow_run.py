@@ -10,9 +10,10 @@ One MLflow run per `embodyhpc submit`, created by the CLI before any job starts;
     requeue/resume      the new job's sink marks it RUNNING again; metrics of the steps after the checkpoint are
                         logged a second time (MLflow keeps every value: the history shows both, "latest" is the
                         newest) -- logs/metrics.jsonl is the curve without duplicates
-    report job          log_child_run(...): a nested run with the evaluation metrics at the checkpoint step, plots,
-                        videos and the summary; set_terminated(..., "FAILED", only_if_active=True) closes a training
-                        run whose job died without closing it (OOM, SIGKILL, node failure)
+    report job          embodyhpc.tracking.evaluation: the headline on the training run at the checkpoint step and a
+                        nested run (log_child_run) with every statistic, plots, videos and the summary;
+                        set_terminated(..., "FAILED", only_if_active=True, reason=...) closes a training run whose
+                        job died without closing it (OOM, SIGKILL, node failure)
 
 MLflow run start_time is the submit time, so the UI's duration includes the queue wait.
 
@@ -31,22 +32,33 @@ environment take precedence.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
-import json
-import math
 import os
 import re
 import shlex
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
-from embodyhpc.config.guards import looks_secret
 from embodyhpc.errors import RunFailure
+from embodyhpc.tracking.mlflow_values import (  # noqa: F401 - re-exported: callers name them from here
+    MAX_KEY_LENGTH,
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAM_VALUE_LENGTH,
+    MAX_PARAMS_PER_BATCH,
+    MAX_TAG_VALUE_LENGTH,
+    NONFINITE_METRIC,
+    REDACTED,
+    finite_metrics,
+    flatten_params,
+    metric_key,
+    one_line,
+    tags_of,
+    truncate,
+)
 
 if TYPE_CHECKING:
     from embodyhpc.config.schema import TrackingConfig
@@ -54,22 +66,19 @@ if TYPE_CHECKING:
 DB_FILE = "mlflow.db"
 ARTIFACT_DIR = "mlartifacts"
 PARENT_TAG = "mlflow.parentRunId"
-NONFINITE_METRIC = "nonfinite_metrics"
-"""Metric counting the values skipped at a step because they were NaN/inf or not numbers."""
+DESCRIPTION_TAG = "mlflow.note.content"
+"""The run's description (MLflow shows it as the run page's Description)."""
+FAILURE_TAG = "embodyhpc.failure_reason"
+"""Why a run ended FAILED, on one line (MLflow has no field for it; also appended to the description)."""
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_DEVELOPMENT = "custom_model_development"
+"""The experiment kind (values: the MLflow UI's ExperimentKind) that opens an experiment on its runs table."""
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 ACTIVE_STATUSES = ("SCHEDULED", "RUNNING")
-
-# MLflow's limits (mlflow.utils.validation): keys, param and tag values, entities per log_batch call.
-MAX_KEY_LENGTH = 250
-MAX_PARAM_VALUE_LENGTH = 6000
-MAX_TAG_VALUE_LENGTH = 8000
-MAX_PARAMS_PER_BATCH = 100
-MAX_METRICS_PER_BATCH = 1000
 
 CLI_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 """Bounds for calls a user waits on (submit, status, the report job); variables already set win."""
 
-_KEY_BAD_CHARS = re.compile(r"[^/\w.\- :]")
 _initialized: set[str] = set()
 _env_lock = threading.RLock()
 
@@ -116,6 +125,20 @@ def _default_artifact_location(uri: str) -> str | None:
     return None if db is None else str(db.parent / ARTIFACT_DIR)
 
 
+# ---- run names ----
+_STAMP = re.compile(r"^(?P<name>.*)-(?P<date>\d{8})-(?P<time>\d{6})(?P<n>-\d+)?$")
+
+
+def run_display_name(run_dir_name: str, job_name: str) -> str:
+    """The MLflow run name of a run folder `<job.name>-<YYYYMMDD>-<HHMMSS>[-n]`: what tells runs apart first
+    (the time, then the name, then the date), because the runs table cuts names to a common prefix:
+    "170417 demo-metaworld 20261125". A folder named otherwise keeps its name."""
+    found = _STAMP.match(run_dir_name)
+    if found is None:
+        return run_dir_name
+    return f"{found['time']}{found['n'] or ''} {found['name'] or job_name} {found['date']}"
+
+
 # ---- the store ----
 def init_store(uri: str) -> None:
     """Create or upgrade a sqlite store's schema; safe when several processes call it at once. Other URIs: no-op.
@@ -138,7 +161,7 @@ def init_store(uri: str) -> None:
             # (instead of the working directory of whoever opens it first).
             SqlAlchemyStore(uri, _default_artifact_location(uri))
     except Exception as exc:
-        raise TrackingError(f"could not initialise the MLflow store {uri}: {_one_line(exc)}") from exc
+        raise TrackingError(f"could not initialise the MLflow store {uri}: {one_line(exc)}") from exc
     _initialized.add(uri)
 
 
@@ -196,78 +219,6 @@ def client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
-# ---- names and values MLflow accepts ----
-def metric_key(key: str) -> str:
-    """A key MLflow accepts: characters outside [A-Za-z0-9_-. :/] become '_', no empty or relative path parts."""
-    cleaned = _KEY_BAD_CHARS.sub("_", str(key))
-    parts = [part for part in cleaned.split("/") if part not in ("", ".", "..")]
-    return ("/".join(parts) or "_")[:MAX_KEY_LENGTH]
-
-
-def truncate(value: str, limit: int) -> str:
-    """`value` cut to `limit` characters, ending with a marker that says how much was cut."""
-    if len(value) <= limit:
-        return value
-    def marker(cut: int) -> str:
-        return f"...[truncated {len(value) - cut} chars]"
-
-    cut = limit - len(marker(0))  # the longest marker: the result fits
-    while cut + 1 + len(marker(cut + 1)) <= limit:  # fewer digits may leave room: fill to exactly `limit`
-        cut += 1
-    return value[:cut] + marker(cut)
-
-
-REDACTED = "***"
-
-
-def flatten_params(params: Mapping[str, Any] | Any, *, prefix: str = "") -> dict[str, str]:
-    """Nested mappings (and dataclasses) to dotted keys; lists as compact JSON; values cut to MLflow's limit."""
-    if dataclasses.is_dataclass(params) and not isinstance(params, type):
-        params = dataclasses.asdict(params)
-    flat: dict[str, str] = {}
-    for key, value in params.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            value = dataclasses.asdict(value)
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten_params(value, prefix=name))
-            continue
-        if isinstance(value, str) and value and looks_secret(str(key)):
-            text = REDACTED  # a secret-looking key's value never reaches the store (anyone with the UI reads it)
-        elif isinstance(value, list | tuple | Mapping):
-            text = json.dumps(value, default=str, separators=(",", ":"))
-        else:
-            text = str(value)
-        flat[metric_key(name)] = truncate(text, MAX_PARAM_VALUE_LENGTH)
-    return flat
-
-
-def finite_metrics(metrics: Mapping[str, Any]) -> tuple[dict[str, float], int]:
-    """(the finite numeric values under MLflow-safe keys, how many values were skipped)."""
-    kept: dict[str, float] = {}
-    skipped = 0
-    for key, value in metrics.items():
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            skipped += 1
-            continue
-        if math.isfinite(number):
-            kept[metric_key(key)] = number
-        else:
-            skipped += 1
-    return kept, skipped
-
-
-def _tags(tags: Mapping[str, Any] | None) -> dict[str, str]:
-    return {metric_key(k): truncate(str(v), MAX_TAG_VALUE_LENGTH) for k, v in (tags or {}).items()}
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 def _error_code(exc: BaseException) -> str | None:
     return getattr(exc, "error_code", None)
 
@@ -282,58 +233,76 @@ def _log_params(mlflow_client, run_id: str, params: Mapping[str, str]) -> None:
 
 # ---- runs ----
 def get_or_create_experiment(mlflow_client, name: str, artifact_location: str | None) -> str:
-    """The id of experiment `name`, created with `artifact_location` when missing (a concurrent creator is fine)."""
+    """The id of experiment `name`, created with `artifact_location` when missing (a concurrent creator is fine).
+
+    Every experiment gets EXPERIMENT_KIND_TAG = model development when it has no kind yet: without it MLflow 3's UI
+    opens the experiment on its GenAI view (traces) instead of the runs table. A kind set by someone else stays.
+    """
     found = mlflow_client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    try:
-        return mlflow_client.create_experiment(name, artifact_location=artifact_location)
-    except Exception as exc:
-        if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
-            raise
-        return mlflow_client.get_experiment_by_name(name).experiment_id
+    if found is None:
+        try:
+            return mlflow_client.create_experiment(name, artifact_location=artifact_location,
+                                                   tags={EXPERIMENT_KIND_TAG: MODEL_DEVELOPMENT})
+        except Exception as exc:
+            if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
+                raise
+            found = mlflow_client.get_experiment_by_name(name)
+    if EXPERIMENT_KIND_TAG not in (found.tags or {}):  # made by an older embodyhpc, or by hand
+        mlflow_client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT)
+    return found.experiment_id
 
 
 def create_run(uri: str, *, experiment: str, run_name: str, params: Mapping[str, Any] | None = None,
                tags: Mapping[str, Any] | None = None, artifact_location: str | None = None,
-               status: str = "SCHEDULED") -> str:
+               status: str = "SCHEDULED", description: str | None = None,
+               texts: Mapping[str, str] | None = None) -> str:
     """Create the training run (at submit time) and return its id.
 
     The experiment is created when missing, with `artifact_location` (default for sqlite stores: `mlartifacts`
     beside the database; for servers: the server's). `params` may be nested: keys are dotted
     (`train.lr`), long values truncated with a marker. The run starts as `status` (SCHEDULED: the jobs are queued;
-    the training sink marks it RUNNING).
+    the training sink marks it RUNNING). `description` becomes the run's Description; `texts` are artifacts
+    written from strings ({artifact path: text}, e.g. the resolved recipe).
     """
     if status not in ACTIVE_STATUSES:
         raise ValueError(f"create_run status must be one of {ACTIVE_STATUSES}, not {status!r}")
     init_store(uri)
+    all_tags = tags_of({**(tags or {}), **({DESCRIPTION_TAG: description} if description else {})})
     with bounded_http(CLI_HTTP_ENV):
         try:
             mlflow_client = client(uri)
             experiment_id = get_or_create_experiment(
                 mlflow_client, experiment, artifact_location or _default_artifact_location(uri))
-            run = mlflow_client.create_run(experiment_id, run_name=run_name, tags=_tags(tags))
+            run = mlflow_client.create_run(experiment_id, run_name=run_name, tags=all_tags)
             run_id = run.info.run_id
             _log_params(mlflow_client, run_id, flatten_params(params or {}))
+            for path, text in (texts or {}).items():
+                mlflow_client.log_text(run_id, text, path)
             if status != "RUNNING":
                 mlflow_client.update_run(run_id, status=status)
         except TrackingError:
             raise
         except Exception as exc:
-            raise TrackingError(f"could not create the MLflow run in {uri}: {_one_line(exc)}") from exc
+            raise TrackingError(f"could not create the MLflow run in {uri}: {one_line(exc)}") from exc
     return run_id
 
 
 def log_child_run(uri: str, parent_run_id: str, *, run_name: str, metrics: Mapping[str, float] | None = None,
                   step: int = 0, params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
                   artifacts: Sequence[tuple[str | os.PathLike[str], str | None]] = (),
-                  status: str = "FINISHED") -> str:
+                  status: str = "FINISHED", start_time_ms: int | None = None, end_time_ms: int | None = None,
+                  texts: Callable[[str], Mapping[str, str]] | None = None) -> str:
     """A finished child run of `parent_run_id` in the parent's experiment; returns its id.
 
     Meant for the report job (any process): `metrics` at `step` (the checkpoint step evaluated; NaN/inf values are
     skipped and counted in `nonfinite_metrics`), `artifacts` as (local file or folder, artifact sub-folder or None)
-    pairs. Paths are checked before anything is created; if logging fails half-way the child run is marked FAILED.
+    pairs, `texts(child_run_id)` artifacts written from strings ({artifact path: text}: a summary whose links name
+    the child run). `start_time_ms`/`end_time_ms` (ms since the epoch): when what the run describes happened (the
+    evaluation), not when it was logged; default: now. `status` FINISHED, FAILED or KILLED. Paths are checked before
+    anything is created; if logging fails half-way the child run is marked FAILED.
     """
+    if status not in TERMINAL_STATUSES:
+        raise ValueError(f"status must be one of {TERMINAL_STATUSES}, not {status!r}")
     missing = [str(local) for local, _ in artifacts if not Path(local).exists()]
     if missing:
         raise TrackingError(f"artifacts to log do not exist: {', '.join(missing)}")
@@ -344,30 +313,35 @@ def log_child_run(uri: str, parent_run_id: str, *, run_name: str, metrics: Mappi
         except TrackingError:
             raise
         except Exception as exc:
-            raise TrackingError(f"MLflow parent run {parent_run_id} not readable in {uri}: {_one_line(exc)}") from exc
+            raise TrackingError(f"MLflow parent run {parent_run_id} not readable in {uri}: {one_line(exc)}") from exc
         try:
-            run = mlflow_client.create_run(parent.info.experiment_id, run_name=run_name,
-                                           tags={**_tags(tags), PARENT_TAG: parent_run_id})
+            run = mlflow_client.create_run(parent.info.experiment_id, run_name=run_name, start_time=start_time_ms,
+                                           tags={**tags_of(tags), PARENT_TAG: parent_run_id})
         except Exception as exc:
-            raise TrackingError(f"could not create the MLflow child run in {uri}: {_one_line(exc)}") from exc
+            raise TrackingError(f"could not create the MLflow child run in {uri}: {one_line(exc)}") from exc
         run_id = run.info.run_id
         try:
             _log_params(mlflow_client, run_id, flatten_params(params or {}))
-            _log_step_metrics(mlflow_client, run_id, metrics or {}, step)
+            log_step_metrics(mlflow_client, run_id, metrics or {}, step, timestamp_ms=end_time_ms)
             for local, subdir in artifacts:
                 _upload(mlflow_client, run_id, Path(local), subdir)
+            for path, text in (texts(run_id) if texts else {}).items():
+                mlflow_client.log_text(run_id, text, path)
         except Exception as exc:
             with contextlib.suppress(Exception):
                 mlflow_client.set_terminated(run_id, "FAILED")
-            raise TrackingError(f"logging the MLflow child run {run_id} failed: {_one_line(exc)}") from exc
+            raise TrackingError(f"logging the MLflow child run {run_id} failed: {one_line(exc)}") from exc
         try:
-            mlflow_client.set_terminated(run_id, status)
+            mlflow_client.set_terminated(run_id, status, end_time=end_time_ms)
         except Exception as exc:
-            raise TrackingError(f"could not end the MLflow child run {run_id}: {_one_line(exc)}") from exc
+            raise TrackingError(f"could not end the MLflow child run {run_id}: {one_line(exc)}") from exc
     return run_id
 
 
-def _log_step_metrics(mlflow_client, run_id: str, metrics: Mapping[str, Any], step: int) -> None:
+def log_step_metrics(mlflow_client, run_id: str, metrics: Mapping[str, Any], step: int, *,
+                     timestamp_ms: int | None = None) -> None:
+    """`metrics` at `step` (stamped `timestamp_ms`, default now) in as few log_batch calls as MLflow allows;
+    NaN/inf and non-numbers are skipped and counted in NONFINITE_METRIC."""
     import time
 
     from mlflow.entities import Metric
@@ -375,7 +349,7 @@ def _log_step_metrics(mlflow_client, run_id: str, metrics: Mapping[str, Any], st
     values, skipped = finite_metrics(metrics)
     if skipped:
         values[NONFINITE_METRIC] = float(skipped)
-    now = int(time.time() * 1000)
+    now = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
     items = [Metric(key, value, now, step) for key, value in values.items()]
     for start in range(0, len(items), MAX_METRICS_PER_BATCH):
         mlflow_client.log_batch(run_id, metrics=items[start:start + MAX_METRICS_PER_BATCH], synchronous=True)
@@ -403,11 +377,13 @@ def log_artifacts(uri: str, run_id: str,
         except TrackingError:
             raise
         except Exception as exc:
-            raise TrackingError(f"uploading artifacts to MLflow run {run_id} failed: {_one_line(exc)}") from exc
+            raise TrackingError(f"uploading artifacts to MLflow run {run_id} failed: {one_line(exc)}") from exc
 
 
-def set_terminated(uri: str, run_id: str, status: str = "FINISHED", *, only_if_active: bool = False) -> bool:
+def set_terminated(uri: str, run_id: str, status: str = "FINISHED", *, only_if_active: bool = False,
+                   reason: str | None = None) -> bool:
     """End a run with FINISHED/FAILED/KILLED. `only_if_active`: leave a run that already ended alone.
+    `reason` (FAILED/KILLED): why, on one line, in FAILURE_TAG and appended to the run's description.
 
     Returns whether the status was changed.
     """
@@ -416,14 +392,27 @@ def set_terminated(uri: str, run_id: str, status: str = "FINISHED", *, only_if_a
     with bounded_http(CLI_HTTP_ENV):
         try:
             mlflow_client = client(uri)
-            if only_if_active and mlflow_client.get_run(run_id).info.status not in ACTIVE_STATUSES:
+            run = mlflow_client.get_run(run_id)
+            if only_if_active and run.info.status not in ACTIVE_STATUSES:
                 return False
+            if reason and status != "FINISHED":
+                record_failure(mlflow_client, run_id, reason, run.data.tags.get(DESCRIPTION_TAG))
             mlflow_client.set_terminated(run_id, status)
         except TrackingError:
             raise
         except Exception as exc:
-            raise TrackingError(f"could not end MLflow run {run_id}: {_one_line(exc)}") from exc
+            raise TrackingError(f"could not end MLflow run {run_id}: {one_line(exc)}") from exc
     return True
+
+
+def record_failure(mlflow_client, run_id: str, reason: str, description: str | None) -> None:
+    """FAILURE_TAG = `reason` (one line), and the description gains a line saying so (the run page shows it)."""
+    line = truncate(" ".join(str(reason).split()), 2000)
+    mlflow_client.set_tag(run_id, FAILURE_TAG, line)
+    note = f"**Failed:** {line}"
+    if description and note not in description:
+        note = f"{description}\n\n{note}"
+    mlflow_client.set_tag(run_id, DESCRIPTION_TAG, truncate(note, MAX_TAG_VALUE_LENGTH))
 
 
 # ---- reading back ----
@@ -445,7 +434,7 @@ def find_run(uri: str, run_id: str) -> dict[str, Any] | None:
         except Exception as exc:
             if _error_code(exc) in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 return None
-            raise TrackingError(f"could not read MLflow run {run_id} from {uri}: {_one_line(exc)}") from exc
+            raise TrackingError(f"could not read MLflow run {run_id} from {uri}: {one_line(exc)}") from exc
     return {
         "run_id": run.info.run_id,
         "name": run.info.run_name,
@@ -470,11 +459,33 @@ def latest_metrics(uri: str, run_id: str) -> dict[str, float]:
     return found["metrics"]
 
 
-def ui_hint(uri: str) -> str:
-    """The one line a user runs (or opens) to see the dashboards of the store `uri`."""
+LOCAL_UI = "http://127.0.0.1:5000"
+ML_WORKFLOW = "workflowType=machine_learning"
+"""MLflow 3.17's UI picks its GenAI or model-training screens from this (URL, else the browser's last choice,
+else GenAI), not from the experiment's kind tag: links we print carry it so that they open on the runs table. (Its
+experiments list does not pass it on: an experiment clicked there opens where the browser's last choice says.)"""
+
+
+def ui_link(base: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
+    """The MLflow UI address of an experiment's runs table, or of one run's page, in the model-training screens."""
+    base = base.rstrip("/")
+    if experiment_id is None:
+        return f"{base}/#/experiments?{ML_WORKFLOW}"
+    page = f"/runs/{quote(run_id, safe='')}" if run_id else ""  # the experiment's own page: the UI picks the tab
+    return f"{base}/#/experiments/{quote(str(experiment_id), safe='')}{page}?{ML_WORKFLOW}"
+
+
+def ui_hint(uri: str, run_id: str | None = None) -> str:
+    """The one line a user runs (or opens) to see the dashboards of the store `uri` (at the run `run_id`, when
+    given and readable)."""
+    experiment_id = None
+    if run_id:
+        with contextlib.suppress(Exception):  # a hint without the run's page is still a hint
+            experiment_id = (find_run(uri, run_id) or {}).get("experiment_id")
     if is_http(uri):
-        return uri
-    return f"mlflow ui --backend-store-uri {shlex.quote(uri)} --port 5000   # then open http://127.0.0.1:5000"
+        return ui_link(uri, experiment_id, run_id if experiment_id else None)
+    return (f"mlflow ui --backend-store-uri {shlex.quote(uri)} --port 5000   # then open "
+            f"{ui_link(LOCAL_UI, experiment_id, run_id if experiment_id else None)}")
 
 
 def __getattr__(name: str) -> Any:

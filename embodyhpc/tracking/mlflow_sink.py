@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from embodyhpc.tracking.mlflow_run import (
+    DESCRIPTION_TAG,
     MAX_METRICS_PER_BATCH,
     NONFINITE_METRIC,
     TERMINAL_STATUSES,
@@ -33,6 +34,7 @@ from embodyhpc.tracking.mlflow_run import (
     client,
     finite_metrics,
     metric_key,
+    record_failure,
 )
 
 SINK_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
@@ -94,12 +96,29 @@ class MlflowMetricsSink:
         except Exception as exc:  # never into training
             self._say(f"MLflow metrics sink error ignored: {exc!r}")
 
-    def close(self, status: str | None = None) -> None:
+    def next_step(self, prefix: str) -> int:
+        """One past the largest step logged under keys starting with `prefix` (0 when none, or when the store
+        cannot be read): where a requeued job's telemetry continues. One bounded request; never raises."""
+        try:
+            mlflow_client = self._connect()
+            if mlflow_client is None:
+                return 0
+            with bounded_http(SINK_HTTP_ENV):
+                keys = [key for key in mlflow_client.get_run(self.run_id).data.metrics if key.startswith(prefix)]
+                if not keys:
+                    return 0
+                return 1 + max(m.step for m in mlflow_client.get_metric_history(self.run_id, min(keys)))
+        except Exception as exc:  # noqa: BLE001 - a fresh count is the fallback, not an error
+            self._say(f"MLflow run {self.run_id}: could not read the last step of {prefix}* ({_short(exc)}); "
+                      "counting from 0")
+            return 0
+
+    def close(self, status: str | None = None, *, reason: str | None = None) -> None:
         """Send what is buffered (one attempt), then end the run.
 
         `status`: FINISHED, FAILED or KILLED; RUNNING leaves the run open (a job about to be requeued). None (what
         the training loop's `finally` passes): FAILED when an exception is propagating, KILLED for
-        KeyboardInterrupt/SystemExit, else FINISHED.
+        KeyboardInterrupt/SystemExit, else FINISHED. `reason`: why a FAILED/KILLED run ended (its failure reason).
         """
         if self._closed:
             return
@@ -112,6 +131,9 @@ class MlflowMetricsSink:
                           "(logs/metrics.jsonl has them)")
             if self.owns_status and status in TERMINAL_STATUSES and self._connect() is not None:
                 with bounded_http(SINK_HTTP_ENV):
+                    if reason and status != "FINISHED":
+                        description = self._client.get_run(self.run_id).data.tags.get(DESCRIPTION_TAG)
+                        record_failure(self._client, self.run_id, reason, description)
                     self._client.set_terminated(self.run_id, status)
         except Exception as exc:
             self._say(f"could not end MLflow run {self.run_id} at {self.uri}: {_short(exc)}")

@@ -1,18 +1,21 @@
 """Per-node telemetry: a daemon thread that samples GPUs (NVML) and the host (psutil) every few seconds.
 
-    with TelemetrySampler(sink, node="gpu-017", interval_s=10.0):
+    with TelemetrySampler(sink, node="gpu-017", node_index=0, interval_s=10.0):
         train(...)
 
-Each tick hands one dict to `sink.write(tick, metrics)` (the `MetricsSink` protocol of
-embodyhpc.train.metrics; an MLflow sink logs it as-is). Names are `sys/<node>/gpu<i>/<field>` and
-`sys/<node>/<field>`, so one MLflow run holds every node's curves side by side:
+Each tick hands one dict to `sink.write(step, metrics)` (the `MetricsSink` protocol of
+embodyhpc.train.metrics; an MLflow sink logs it as-is). Names follow MLflow's system metrics
+(mlflow.system_metrics), so the run page's System metrics tab shows them, one group per node:
+`system/<node_id>/<name>` with node_id `node_<i>` (i: the node's index in the job; the UI groups
+`node_<digits>` and `gpu_<i>_...`), and the step is the sample number, continuing after the last one
+logged (`first_step`: a requeued job adds to its curves), each value stamped with its wall-clock time:
 
-    gpu<i>/util          % of the last sample period a kernel ran (NVML utilization.gpu)
-    gpu<i>/mem_used_gib  device memory in use            gpu<i>/power_w   board power draw
-    gpu<i>/temp_c        GPU core temperature            gpu<i>/sm_clock_mhz
-    gpu<i>/throttled     1 while a thermal/power slowdown reason is active, else 0
-    cpu_pct  mem_used_gib  mem_pct                        host-wide (psutil)
-    rss_gib                                               this process
+    gpu_<i>_utilization_percentage   % of the last sample period a kernel ran (NVML utilization.gpu)
+    gpu_<i>_memory_usage_megabytes   device memory in use    gpu_<i>_memory_usage_percentage
+    gpu_<i>_power_usage_watts        board power draw        gpu_<i>_temperature_celsius
+    gpu_<i>_sm_clock_megahertz       gpu_<i>_throttled: 1 while a thermal/power slowdown reason is active
+    cpu_utilization_percentage  system_memory_usage_megabytes  system_memory_usage_percentage   host (psutil)
+    process_memory_rss_megabytes                                                                this process
 
 A query the GPU does not support is left out, not logged as 0. A warning is printed (stderr, and kept
 in `.warnings`) when a GPU starts throttling for a physical reason, or sits idle (< idle_pct) while
@@ -36,7 +39,14 @@ from typing import Any, Protocol
 
 from embodyhpc.hw.gpu import HARMFUL_THROTTLE_REASONS, GpuBackend, GpuSample, open_gpu_backend
 
-GIB = float(1 << 30)
+MB = 1e6
+SYSTEM_PREFIX = "system/"
+"""MLflow's system-metrics prefix (mlflow.system_metrics.SystemMetricsMonitor): the UI's System metrics tab."""
+
+
+def node_id(node_index: int) -> str:
+    """MLflow's per-node name (the UI groups system/node_<i>/...)."""
+    return f"node_{int(node_index)}"
 
 
 class _Sink(Protocol):
@@ -51,18 +61,20 @@ class TelemetrySampler:
     """Samples this node every `interval_s` on a daemon thread; `start()`/`stop()` or use it as a context manager.
 
     `nvml`: a `pynvml`-shaped module (tests pass a stub), a ready GpuBackend, or None for nvidia-ml-py when it
-    works (no GPU metrics otherwise). `step_fn` returns the step to log against (e.g. the optimizer step);
-    default: the tick number, from 1. `warn` receives each warning line (default: stderr).
+    works (no GPU metrics otherwise). `node`: the host name warnings give; `node_index`: the node's index in the
+    job, which names its metrics. `step_fn` returns the step to log against (e.g. the optimizer step);
+    default: the sample number, from `first_step`. `warn` receives each warning line (default: stderr).
     """
 
     def __init__(self, sink: _Sink, *, node: str, interval_s: float = 10.0, nvml: ModuleType | GpuBackend | None = None,
                  host: bool = True, step_fn: Callable[[], int] | None = None,
                  warn: Callable[[str], None] | None = None, idle_pct: float = 5.0, busy_pct: float = 50.0,
-                 rewarn_s: float = 300.0) -> None:
+                 rewarn_s: float = 300.0, node_index: int = 0, first_step: int = 0) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.sink, self.node, self.interval_s = sink, node, float(interval_s)
-        self.prefix = f"sys/{node}"
+        self.prefix = f"{SYSTEM_PREFIX}{node_id(node_index)}"
+        self.first_step = int(first_step)
         self.idle_pct, self.busy_pct, self.rewarn_s = idle_pct, busy_pct, rewarn_s
         self._nvml, self._host, self._step_fn = nvml, host, step_fn
         self._warn = warn or _print_warning
@@ -149,7 +161,7 @@ class TelemetrySampler:
         if self._host and self._psutil is not None:
             metrics.update(self._host_metrics())
         self.ticks += 1
-        step = self._step_fn() if self._step_fn is not None else self.ticks
+        step = self._step_fn() if self._step_fn is not None else self.first_step + self.ticks - 1
         try:
             self.sink.write(step, metrics)
         except Exception as exc:
@@ -161,23 +173,25 @@ class TelemetrySampler:
         return metrics
 
     def _gpu_metrics(self, gpu: GpuSample) -> dict[str, float]:
-        base = f"{self.prefix}/gpu{gpu.index}"
+        base = f"{self.prefix}/gpu_{gpu.index}_"
+        used, total = gpu.memory_used_bytes, getattr(gpu, "memory_total_bytes", None)
         values = {
-            "util": gpu.utilization_pct,
-            "mem_used_gib": None if gpu.memory_used_bytes is None else gpu.memory_used_bytes / GIB,
-            "power_w": gpu.power_w,
-            "temp_c": gpu.temperature_c,
-            "sm_clock_mhz": gpu.sm_clock_mhz,
+            "utilization_percentage": gpu.utilization_pct,
+            "memory_usage_megabytes": None if used is None else used / MB,
+            "memory_usage_percentage": None if used is None or not total else 100.0 * used / total,
+            "power_usage_watts": gpu.power_w,
+            "temperature_celsius": gpu.temperature_c,
+            "sm_clock_megahertz": gpu.sm_clock_mhz,
             "throttled": float(bool(_harmful(gpu))),
         }
-        return {f"{base}/{name}": float(value) for name, value in values.items() if value is not None}
+        return {f"{base}{name}": float(value) for name, value in values.items() if value is not None}
 
     def _host_metrics(self) -> dict[str, float]:
         memory = self._psutil.virtual_memory()
-        return {f"{self.prefix}/cpu_pct": float(self._psutil.cpu_percent(interval=None)),
-                f"{self.prefix}/mem_used_gib": memory.used / GIB,
-                f"{self.prefix}/mem_pct": float(memory.percent),
-                f"{self.prefix}/rss_gib": self._process.memory_info().rss / GIB}
+        return {f"{self.prefix}/cpu_utilization_percentage": float(self._psutil.cpu_percent(interval=None)),
+                f"{self.prefix}/system_memory_usage_megabytes": memory.used / MB,
+                f"{self.prefix}/system_memory_usage_percentage": float(memory.percent),
+                f"{self.prefix}/process_memory_rss_megabytes": self._process.memory_info().rss / MB}
 
     # ---------------------------------------------------------------- warnings
 
@@ -217,4 +231,4 @@ def _harmful(gpu: GpuSample) -> list[str]:
     return [r for r in gpu.throttle_reasons if r in HARMFUL_THROTTLE_REASONS]
 
 
-__all__ = ["TelemetrySampler"]
+__all__ = ["SYSTEM_PREFIX", "TelemetrySampler", "node_id"]

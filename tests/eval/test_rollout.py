@@ -94,9 +94,17 @@ def test_run_shard_writes_complete_jsonl_and_videos(tmp_path):
     assert summary.successes == sum(r["success"] for r in records) and summary.episodes_per_s > 0
     assert all(env.closed for env in suite.opened)
 
-    with_video = [r for r in records if r["episode"] < 2]
+    with_video = [r for r in records if r["video"]]
     assert sorted(summary.videos) == sorted(tmp_path / "videos" / r["video"] for r in with_video)
-    assert all(r["video"] is None for r in records if r["episode"] >= 2)
+    for task in ("walk", "run"):  # at most 2 (videos_per_task) of each outcome per task, named by outcome
+        for outcome in (True, False):
+            kept = [r for r in with_video if r["task"] == task and r["success"] == outcome]
+            done = [r for r in records if r["task"] == task and r["success"] == outcome]
+            assert len(kept) == min(2, len(done))
+            assert all(r["video"] == f"trained/{task}/{'success' if outcome else 'failure'}-seed{r['seed']}-"
+                                     f"ep{r['episode']:04d}.mp4" for r in kept)
+    files = sorted(p.relative_to(tmp_path / "videos").as_posix() for p in (tmp_path / "videos").rglob("*.mp4"))
+    assert files == sorted(r["video"] for r in with_video)  # films of outcomes already covered are deleted
     for r in with_video:
         codec, pix_fmt, frames = decode(tmp_path / "videos" / r["video"])
         assert (codec, pix_fmt) == ("h264", "yuv420p")

@@ -41,14 +41,16 @@ def test_gpu_and_host_metrics_reach_the_sink_every_interval():
         deadline = time.monotonic() + 5
         while len(sink.records) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert [step for step, _ in sink.records[:3]] == [1, 2, 3]
-    metrics = sink.records[0][1]
-    assert metrics["sys/n1/gpu1/util"] == 87.0 and metrics["sys/n1/gpu0/util"] == 45.0
-    assert metrics["sys/n1/gpu1/mem_used_gib"] == 40.0
-    assert metrics["sys/n1/gpu0/power_w"] == pytest.approx(71.234) and metrics["sys/n1/gpu0/temp_c"] == 33.0
-    assert metrics["sys/n1/gpu0/sm_clock_mhz"] == 345.0 and metrics["sys/n1/gpu0/throttled"] == 0.0
-    assert 0.0 <= metrics["sys/n1/cpu_pct"] <= 100.0 and metrics["sys/n1/mem_used_gib"] > 0
-    assert 0 < metrics["sys/n1/mem_pct"] <= 100 and 0 < metrics["sys/n1/rss_gib"] < metrics["sys/n1/mem_used_gib"] + 1
+    assert [step for step, _ in sink.records[:3]] == [0, 1, 2]  # MLflow's: the sample number, from 0
+    metrics = {name.removeprefix("system/node_0/"): value for name, value in sink.records[0][1].items()}
+    assert metrics["gpu_1_utilization_percentage"] == 87.0 and metrics["gpu_0_utilization_percentage"] == 45.0
+    assert metrics["gpu_1_memory_usage_megabytes"] == (40 << 30) / 1e6
+    assert metrics["gpu_0_power_usage_watts"] == pytest.approx(71.234)
+    assert metrics["gpu_0_temperature_celsius"] == 33.0
+    assert metrics["gpu_0_sm_clock_megahertz"] == 345.0 and metrics["gpu_0_throttled"] == 0.0
+    assert 0.0 <= metrics["cpu_utilization_percentage"] <= 100.0 and metrics["system_memory_usage_megabytes"] > 0
+    assert 0 < metrics["system_memory_usage_percentage"] <= 100
+    assert 0 < metrics["process_memory_rss_megabytes"] < metrics["system_memory_usage_megabytes"] + 1000
     assert lines == [] and not sink.closed  # the sink belongs to the caller
 
 
@@ -57,8 +59,9 @@ def test_unsupported_queries_are_left_out_not_zero():
     sampler.open()
     metrics = sampler.sample_once()
     sampler.stop()
-    assert "sys/n1/gpu0/power_w" not in metrics and "sys/n1/gpu0/util" in metrics
-    assert not any(name.startswith("sys/n1/cpu") for name in metrics)
+    assert "system/node_0/gpu_0_power_usage_watts" not in metrics
+    assert "system/node_0/gpu_0_utilization_percentage" in metrics
+    assert not any(name.startswith("system/node_0/cpu") for name in metrics)
 
 
 def test_throttling_gpu_warns_once_per_episode():
@@ -66,7 +69,7 @@ def test_throttling_gpu_warns_once_per_episode():
     sampler, sink, lines = _sampler(gpus, host=False)
     sampler.open()
     metrics = sampler.sample_once()
-    assert metrics["sys/n1/gpu2/throttled"] == 1.0 and metrics["sys/n1/gpu1/throttled"] == 0.0
+    assert metrics["system/node_0/gpu_2_throttled"] == 1.0 and metrics["system/node_0/gpu_1_throttled"] == 0.0
     assert lines == ["node n1: GPU 2 is throttling (sw_thermal_slowdown, hw_thermal_slowdown), 91 C, "
                      "SM clock 1095 MHz, 71 W"]
     sampler.sample_once()
@@ -100,12 +103,14 @@ def test_idle_gpu_among_busy_ones_warns():
 def test_no_gpu_gives_host_metrics_only():
     for nvml in (NoGpuBackend(), make_nvml([], init_error=NVML_ERROR_DRIVER_NOT_LOADED)):
         sink = ListSink()
-        sampler = TelemetrySampler(sink, node="cpu-1", nvml=nvml, warn=lambda line: None)
+        sampler = TelemetrySampler(sink, node="cpu-1", node_index=3, nvml=nvml, warn=lambda line: None)
         sampler.open()
         metrics = sampler.sample_once()
         sampler.stop()
-        assert sorted(metrics) == ["sys/cpu-1/cpu_pct", "sys/cpu-1/mem_pct", "sys/cpu-1/mem_used_gib",
-                                   "sys/cpu-1/rss_gib"]
+        assert sorted(metrics) == ["system/node_3/cpu_utilization_percentage",
+                                   "system/node_3/process_memory_rss_megabytes",
+                                   "system/node_3/system_memory_usage_megabytes",
+                                   "system/node_3/system_memory_usage_percentage"]
 
 
 def test_stop_joins_within_the_interval_and_closes_nvml():
@@ -148,5 +153,19 @@ def test_step_fn_and_tick_cost():
     sampler.sample_once()
     sampler.stop()
     assert [step for step, _ in sink.records] == [10, 20]
-    assert len(sink.records[0][1]) == 8 * 6 + 4
+    assert len(sink.records[0][1]) == 8 * 7 + 4  # 7 per GPU (memory percentage among them), 4 for the host
     assert 0 < sampler.tick_seconds / sampler.ticks < 0.05  # generous: measured ~0.5 ms with 8 stub GPUs
+
+
+def test_a_requeued_job_continues_the_sample_numbers_and_gpu_memory_percentage():
+    gpus = nvml_stub.healthy(1)
+    sampler, sink, _ = _sampler(gpus, host=False, first_step=17, node_index=1)
+    sampler.open()
+    sampler.sample_once()
+    sampler.sample_once()
+    sampler.stop()
+    assert [step for step, _ in sink.records] == [17, 18]
+    metrics = sink.records[0][1]
+    used, total = gpus[0].memory_used, gpus[0].memory_total
+    assert metrics["system/node_1/gpu_0_memory_usage_percentage"] == pytest.approx(100 * used / total)
+    assert all(name.startswith("system/node_1/gpu_0_") for name in metrics)

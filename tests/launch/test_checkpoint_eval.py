@@ -30,7 +30,7 @@ def test_every_kth_periodic_checkpoint_short_of_the_last_step():
     assert not any(checkpoint_eval.evaluates_step(_config("eval.every_k_checkpoints=0"), s) for s in range(1, 1001))
     config = _config("eval.every_k_checkpoints=1", "eval.enabled=false")
     assert not any(checkpoint_eval.evaluates_step(config, s) for s in range(1, 1001))
-    assert checkpoint_eval.hook("/run", _config()) is None  # nothing to do: the loop gets no hook
+    assert checkpoint_eval.hook("/run", _config("eval.every_k_checkpoints=0")) is None  # the loop gets no hook
 
 
 def test_a_requested_evaluation_is_a_run_of_its_own_that_pins_the_checkpoint(training_run):
@@ -46,6 +46,8 @@ def test_a_requested_evaluation_is_a_run_of_its_own_that_pins_the_checkpoint(tra
     config = load_resolved(target)
     assert config.eval.weights == str(checkpoint)
     assert config.model == load_resolved(run).model and config.eval.tasks == load_resolved(run).eval.tasks
+    # the reference rows are the run's own chain's: not evaluated again at every checkpoint
+    assert load_resolved(run).eval.reference_policies and config.eval.reference_policies == []
     assert layout.pinned_by(checkpoint) == [str(target)]
     assert chain_kinds(load_recipe(str(target / "resolved.yaml")), eval_only=True) == ["export", "eval", "report"]
     assert checkpoint_eval.request(run, 40, checkpoint, progress=messages.append) is None  # once per step
@@ -130,12 +132,15 @@ def test_local_training_evaluates_every_kth_checkpoint_beside_training(cli, runs
     assert not any((p / "eval" / "history.jsonl").exists() for p in evals)
     uri = f"sqlite:///{runs_root.resolve() / 'mlflow.db'}"
     children = _children(uri, RunInfo.load(run).mlflow_run_id)
-    assert sorted(children) == ["eval-step-20", "eval-step-40", "eval-step-60", "eval-step-80"]
+    assert sorted(name.rsplit(" ", 1)[0] for name in children) == [f"step {s} eval" for s in (20, 40, 60, 80)]
+    assert len({name.rsplit(" ", 1)[1] for name in children}) == 1  # the same settings: one curve
     from embodyhpc.tracking.mlflow_run import client
 
     for name, child in children.items():
         history = client(uri).get_metric_history(child["run_id"], "eval/trained/success_rate")
-        assert [m.step for m in history] == [int(name.rsplit("-", 1)[1])]
+        assert [m.step for m in history] == [int(name.split(" ")[1])]
+    curve = client(uri).get_metric_history(RunInfo.load(run).mlflow_run_id, "eval/trained/success_rate")
+    assert sorted(m.step for m in curve) == [20, 40, 60, 80]  # the learning curve on the training run
     text = cli("status", str(run)).out
     assert "evaluations while training:" in text
     assert "step-20: export COMPLETED, eval COMPLETED (2/2 done), report COMPLETED" in text

@@ -11,7 +11,7 @@ from embodyhpc.rundir import make_run_dir
 from embodyhpc.orchestrate.api import start_run
 from tests.helpers import require
 
-TIMING = ("wall_s", "host")
+TIMING = ("wall_s", "host", "shard_started_at", "video")  # which episode's film is kept depends on finishing order
 
 
 def shard_records(tmp_path, envs: int, capsys) -> dict[str, list[dict]]:

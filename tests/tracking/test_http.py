@@ -38,7 +38,8 @@ def test_sink_child_run_and_artifacts_over_http(tmp_path, mlflow_server):
     plot, videos = report_files(tmp_path)
     out = child_run_in_subprocess(uri, run_id, 30, plot, videos)
     check_child_run(uri, run_id, out["run_id"], 30)
-    assert mr.ui_hint(uri) == uri
+    experiment_id = mr.find_run(uri, run_id)["experiment_id"]
+    assert mr.ui_hint(uri, run_id) == f"{uri}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
 
 def _import_mlflow_client() -> None:

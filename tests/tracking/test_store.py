@@ -233,5 +233,16 @@ def test_ui_hint(tmp_path):
     hint = mr.ui_hint(uri)
     assert hint.startswith("mlflow ui --backend-store-uri ")
     assert f"'{uri}'" in hint  # quoted: the path has a space
-    assert mr.ui_hint("https://mlflow.example.org") == "https://mlflow.example.org"
+    assert hint.endswith("# then open http://127.0.0.1:5000/#/experiments?workflowType=machine_learning")
+    assert mr.ui_hint("https://mlflow.example.org") == \
+        "https://mlflow.example.org/#/experiments?workflowType=machine_learning"
+
+
+def test_ui_hint_opens_the_runs_page_of_a_run(sqlite_uri):
+    run_id = mr.create_run(sqlite_uri, experiment="hints", run_name="r")
+    experiment_id = mr.find_run(sqlite_uri, run_id)["experiment_id"]
+    assert mr.ui_hint(sqlite_uri, run_id).endswith(
+        f"# then open http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning")
+    assert mr.ui_hint(sqlite_uri, "0" * 32).endswith("/#/experiments?workflowType=machine_learning")  # no such run
+    assert mr.ui_link("http://h:1/", "3&x") == "http://h:1/#/experiments/3%26x?workflowType=machine_learning"
 
