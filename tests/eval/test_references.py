@@ -57,8 +57,8 @@ def test_an_evaluation_shard_runs_a_registered_reference_policy(registries, tmp_
     """The evaluation array's dispatch (launch/eval.py) goes through the registry: a policy registered there gets
     its row, in the recipe's order, without any code naming it."""
     from embodyhpc.launch.eval import eval_shard_task, shard_file
-    from embodyhpc.rundir import make_run_dir
     from embodyhpc.orchestrate.api import start_run
+    from embodyhpc.rundir import make_run_dir
 
     suites.register_suite("line", ClosingLineSuite)
     references.register_reference_policy("forward", lambda suite: ConstantPolicy(1.0))

@@ -7,8 +7,8 @@ import json
 
 from embodyhpc.config.load import load_recipe
 from embodyhpc.launch.eval import eval_shard_task, shard_file
-from embodyhpc.rundir import make_run_dir
 from embodyhpc.orchestrate.api import start_run
+from embodyhpc.rundir import make_run_dir
 from tests.helpers import require
 
 TIMING = ("wall_s", "host", "shard_started_at", "video")  # which episode's film is kept depends on finishing order
