@@ -56,10 +56,18 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
         check("model.init_weights", cfg.model.init_weights, "weights file or folder")
     if cfg.model.tokenizer_path:
         check("model.tokenizer_path", cfg.model.tokenizer_path, "tokenizer file")
-    elif cfg.model.size == "full" and cfg.model.name == "pi05":
-        message = "model.tokenizer_path is unset: the full-size pi0.5 needs the PaliGemma tokenizer file"
-        fix = "set model.tokenizer_path=/path/to/tokenizer.model"
+    elif needed := _tokenizer_file(cfg.model):
+        what, example = needed
+        message = f"model.tokenizer_path is unset: {what}"
+        fix = f"set model.tokenizer_path={example}"
         if submitting:
             raise ConfigError(message, key="model.tokenizer_path", where=where("model.size"), fix=fix)
         warnings.append(f"{message}; submit refuses until it is set ({fix})")
     return warnings
+
+
+def _tokenizer_file(model_cfg) -> tuple[str, str] | None:
+    """(what the model needs, an example path) when its size reads a tokenizer file (the spec's tokenizer_file)."""
+    from embodyhpc.models.spec import model_spec
+
+    return dict(model_spec(model_cfg.name).tokenizer_file).get(model_cfg.size)

@@ -59,6 +59,9 @@ class ModelSpec:
     """model_cfg -> tokenizer, or None for a model that reads no text."""
     token_budget: Any = None
     """(batch, model_cfg) -> int: the token room of a packed batch (packing_efficiency); None: never packs."""
+    tokenizer_file: tuple[tuple[str, tuple[str, str]], ...] = ()
+    """(size, (what that size needs, an example path)) for sizes that read model.tokenizer_path: validate and render
+    warn while it is unset, submit refuses."""
     check: Any = None
     """(model_cfg) -> None, run at validate after the options: the model's own checks of the shared model keys
     (the sizes it has, limits on action_horizon, ...), raising one-line ConfigErrors; it must not import torch."""

@@ -57,4 +57,6 @@ SPEC = ModelSpec(
     token_budget="embodyhpc.models.groot.batching:batch_token_budget",
     inference="embodyhpc.models.groot.inference:GrootRunner",
     weights="embodyhpc.models.groot.weights:ADAPTER",
+    tokenizer_file=(("full", ("the full-size GR00T needs Eagle 2.5's Qwen3 tokenizer file",
+                              "/path/to/eagle2.5/tokenizer.json")),),
 )
