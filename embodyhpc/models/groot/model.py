@@ -109,7 +109,7 @@ class GrootPolicy(nn.Module):
         noisy = (1.0 - t) * noise + t * actions
         plan = self.plan(batch)
         context, ctx = self.encode(batch, plan)
-        velocity = self.action_head.velocity(context, self._state(batch), noisy, self._bucket(time),
+        velocity = self.action_head.velocity(context, self.padded_state(batch), noisy, self.timestep_bucket(time),
                                              batch.embodiment, ctx)
         mask = self.loss_mask(batch)
         squared = (velocity - (actions - noise)).pow(2) * mask
@@ -138,10 +138,10 @@ class GrootPolicy(nn.Module):
         x = noise.float()
         plan = self.plan(batch)
         context, ctx = self.encode(batch, plan)
-        state = self._state(batch)
+        state = self.padded_state(batch)
         for step in range(num_steps):
             time = torch.full((batch.num_samples,), step / num_steps, device=device)
-            x = x + self.action_head.velocity(context, state, x, self._bucket(time), batch.embodiment, ctx) / num_steps
+            x = x + self.action_head.velocity(context, state, x, self.timestep_bucket(time), batch.embodiment, ctx) / num_steps
         return x
 
     # ---- pieces ----
@@ -165,12 +165,12 @@ class GrootPolicy(nn.Module):
         context = self.action_head.encode_vl(features, vl)
         return context, DiTContext(cross=cross, q_rows=plan.q_rows, q_inverse=plan.q_inverse)
 
-    def _state(self, batch: GrootBatch) -> torch.Tensor:
+    def padded_state(self, batch: GrootBatch) -> torch.Tensor:
         width = self.shape.head.max_state_dim
         state = batch.state.float()
         if state.shape[-1] > width:
             raise ValueError(f"the state has {state.shape[-1]} dims, the model reads at most {width}")
         return nn.functional.pad(state, (0, width - state.shape[-1]))
 
-    def _bucket(self, time: torch.Tensor) -> torch.Tensor:
+    def timestep_bucket(self, time: torch.Tensor) -> torch.Tensor:
         return (time.float() * self.shape.head.num_timestep_buckets).long().float()
