@@ -55,8 +55,8 @@ def main() -> int:
         for batch_size in args.batches:
             batch = skewed_batch(model, batch_size, seed=batch_size, with_actions=False)
             noise = torch.randn(batch_size, HORIZON, ACTION_DIM, generator=torch.Generator().manual_seed(3))
-            runs = {"once": lambda b=batch, n=noise: model.sample_actions(b, num_steps=args.steps, noise=n),
-                    "every": lambda b=batch, n=noise: sample_recomputing(model, b, n, args.steps)}
+            runs = {"once": lambda b=batch, n=noise, m=model: m.sample_actions(b, num_steps=args.steps, noise=n),
+                    "every": lambda b=batch, n=noise, m=model: sample_recomputing(m, b, n, args.steps)}
             outputs = {name: run() for name, run in runs.items()}
             times: dict[str, list[float]] = {name: [] for name in runs}
             for _ in range(args.reps):

@@ -66,7 +66,8 @@ def main() -> int:
             step(b)
             timings[name].append(time.perf_counter() - start)
     useful = sum(counts)
-    computed = {"padded": args.samples * max(counts), "packed": len(rows) * max(sum(counts[i] for i in r) for r in rows)}
+    longest_row = max(sum(counts[i] for i in row) for row in rows)
+    computed = {"padded": args.samples * max(counts), "packed": len(rows) * longest_row}
     ms = {name: statistics.median(t) * 1e3 for name, t in timings.items()}
     params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"# GR00T training step, size {args.size} ({params:.1f} M parameters), CPU, torch {torch.__version__}, "

@@ -141,7 +141,8 @@ class GrootPolicy(nn.Module):
         state = self.padded_state(batch)
         for step in range(num_steps):
             time = torch.full((batch.num_samples,), step / num_steps, device=device)
-            x = x + self.action_head.velocity(context, state, x, self.timestep_bucket(time), batch.embodiment, ctx) / num_steps
+            velocity = self.action_head.velocity(context, state, x, self.timestep_bucket(time), batch.embodiment, ctx)
+            x = x + velocity / num_steps
         return x
 
     # ---- pieces ----
