@@ -19,6 +19,8 @@ DEMO = "recipes/demo_groot_metaworld_cpu.yaml"
     ("model.options.select_layer=12", "model.options.select_layer: the groot model has no option 'select_layer'"),
     ("model.size=small", "model.size: unknown groot size 'small'; known: tiny, full"),
     ("model.action_horizon=65", "model.action_horizon: 65 steps exceed the 64 action positions of size tiny"),
+    ("model.state_input=expert", "model.state_input: model.state_input is a pi0.5 option"),
+    ("model.state_dim=40", "model.state_dim: model.state_dim is a pi0.5 option"),
 ])
 def test_bad_groot_keys_are_refused_in_one_line(override, message):
     with pytest.raises(ConfigError) as caught:

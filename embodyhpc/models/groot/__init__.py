@@ -40,6 +40,13 @@ def check_model(model_cfg) -> None:
     """The shared model keys, as GR00T reads them (at validate, without torch)."""
     from embodyhpc.models.groot.shapes import shape_for
 
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(model_cfg)}
+    for key in ("state_input", "state_dim"):  # pi0.5's: set here, they would change nothing
+        if getattr(model_cfg, key) != defaults[key]:
+            raise ConfigError(f"model.{key} is a pi0.5 option; GR00T always feeds the state, zero-padded to 64 dims, "
+                              "to its per-embodiment state encoder", key=f"model.{key}", fix=f"remove model.{key}")
     shape = shape_for(model_cfg.size)
     if model_cfg.action_horizon > shape.head.max_seq_len:
         raise ConfigError(f"{model_cfg.action_horizon} steps exceed the {shape.head.max_seq_len} action positions of "
