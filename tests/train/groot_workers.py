@@ -24,13 +24,13 @@ from tests.train.workers import FIXTURE
 HORIZON = 4
 
 
-def groot_recipe(world_size: int, steps: int) -> Config:
+def groot_recipe(world_size: int, steps: int, init_weights: str | None = None) -> Config:
     return Config(
         resources=ResourcesConfig(nodes=1, tasks_per_node=world_size),
         data=DataConfig(format="lerobot", root=str(FIXTURE), num_workers=0,
                         delta_timestamps={"action": [i / 10 for i in range(HORIZON)]}),
         model=ModelConfig(name="groot", size="tiny", action_horizon=HORIZON, action_dim=8, max_token_len=96,
-                          packing=True, state_norm="mean_std"),
+                          packing=True, state_norm="mean_std", init_weights=init_weights),
         parallelism=ParallelismConfig(activation_checkpointing="full"),
         train=TrainConfig(steps=steps, global_batch_size=4 * world_size, micro_batch_size=2, lr=1e-3,
                           warmup_steps=1, grad_clip=1.0, seed=3, log_every=1),
@@ -39,8 +39,9 @@ def groot_recipe(world_size: int, steps: int) -> Config:
     )
 
 
-def groot_train_job(rank: int, world_size: int, run_dir: str, steps: int) -> dict[str, Any]:
-    cfg = groot_recipe(world_size, steps)
+def groot_train_job(rank: int, world_size: int, run_dir: str, steps: int,
+                    init_weights: str | None = None) -> dict[str, Any]:
+    cfg = groot_recipe(world_size, steps, init_weights)
     dist_env = SimpleNamespace(rank=rank, world_size=world_size, local_rank=rank)
     result = train(data=cfg.data, model_cfg=cfg.model, precision=cfg.precision, parallelism=cfg.parallelism,
                    train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=run_dir,
