@@ -41,16 +41,16 @@ def test_fine_tuning_starts_from_published_groot_weights(tmp_path):
     the spec's adapter; the frozen VLM leaves training exactly as published."""
     from embodyhpc.models.groot.weights import save_groot_weights, to_published
 
-    cfg = groot_workers.groot_recipe(2, 1)
+    cfg = groot_workers.groot_recipe(2, 2)
     torch.manual_seed(5)
     published_model = build_model(cfg.model)
     published_model.init_weights(seed=5)
     path = save_groot_weights(published_model, tmp_path / "GR00T-N1.5-3B")
-    run_ranks(groot_workers.groot_train_job, 2, str(tmp_path / "run"), 1, str(path), timeout_s=300)
+    run_ranks(groot_workers.groot_train_job, 2, str(tmp_path / "run"), 2, str(path), timeout_s=300)
     weights, _ = load_exported(tmp_path / "run" / "export")
     published = published_model.state_dict()
     assert all(torch.equal(weights[k], published[k]) for k in published if k.startswith("backbone."))
-    # the trained head moved by one Adam step at most (~lr), far less than the 0.02 spread of a fresh init
+    # the trained head moved by two Adam steps at most (~lr each), far less than the 0.02 spread of a fresh init
     head = [k for k in published if k.startswith("action_head.")]
-    assert all(torch.allclose(weights[k], published[k], atol=2e-3) for k in head)
+    assert all(torch.allclose(weights[k], published[k], atol=3e-3) for k in head)
     assert to_published(weights, published_model.shape).keys() == to_published(published, published_model.shape).keys()
