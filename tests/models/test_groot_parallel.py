@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
-import pytest
 import torch
 from torch import nn
 
@@ -12,6 +9,7 @@ from embodyhpc.config.schema import ModelConfig, ParallelismConfig, PrecisionCon
 from embodyhpc.models import build_model
 from embodyhpc.models.fp8 import count_fp8_linears, fp8_filter_for
 from embodyhpc.parallel import declared_units, make_plan
+from tests.helpers import require
 from tests.models.test_groot import make_batch
 
 CFG = ModelConfig(name="groot", size="tiny", action_horizon=16, action_dim=4, max_token_len=96)
@@ -60,8 +58,8 @@ def test_fp8_takes_the_block_linears_and_leaves_norms_heads_and_projections():
     assert len(chosen) == 2 * 6 + 2 * 7 + 1 * 6 + 4 * 6 < len(linears)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao")
 def test_a_torchao_fp8_groot_trains_on_cpu():
+    require("torchao.float8", "fp8")
     torch.manual_seed(0)
     model = build_model(CFG, PrecisionConfig(mode="fp8", fp8_backend="torchao"))
     assert count_fp8_linears(model)[0] == 56
