@@ -60,6 +60,8 @@ bench: setup  ## ratios against baselines measured in the same run (bench/README
 	$(PY) bench/compile_blocks.py
 	$(PY) bench/eval_throughput.py
 	$(PY) bench/eval_vector.py
+	$(PY) bench/groot_packing.py
+	$(PY) bench/groot_inference.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

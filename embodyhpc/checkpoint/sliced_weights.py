@@ -102,6 +102,27 @@ def _own_layout(source: SafetensorsCheckpoint, targets: dict[str, torch.Tensor],
     return report, [(KeyRule(k, k), k) for k in report.loaded]
 
 
+def _holds_our_names(source: SafetensorsCheckpoint, model: nn.Module, targets: dict[str, torch.Tensor],
+                     adapter: WeightsAdapter | None, name: str) -> bool:
+    """Whether the file is an embodyhpc export (our own names) rather than the adapter's published layout. A
+    published layout may share many names with ours (GR00T's action head keeps its published names: most of the
+    tiny model's tensors), so the file is ours when it holds more of our names than the adapter would load from it.
+    """
+    shared = len(set(targets) & set(source.keys()))
+    if shared * 2 <= len(targets):
+        return False
+    if adapter is None:
+        return True
+    try:
+        report, _ = adapter.plan_load(source, model, {k: tuple(v.shape) for k, v in targets.items()}, strict=False,
+                                      source_name=name)
+    except WeightsLayoutError:
+        if shared == len(targets):  # a complete export the published rules cannot read at all
+            return True
+        raise
+    return shared > len(report.loaded)
+
+
 def _plan(model: nn.Module, path: str | Path, targets: dict[str, torch.Tensor], adapter: WeightsAdapter | None,
           strict: bool) -> tuple[SafetensorsCheckpoint, LoadReport, list[tuple[KeyRule, str]]]:
     name = str(path)
@@ -111,7 +132,7 @@ def _plan(model: nn.Module, path: str | Path, targets: dict[str, torch.Tensor], 
         raise
     except Exception as exc:  # safetensors' own error type for a damaged header
         raise WeightsLayoutError(f"{name}: not a readable safetensors checkpoint ({exc})") from None
-    if len(set(targets) & set(source.keys())) * 2 > len(targets):  # our names (a few coincide with theirs)
+    if _holds_our_names(source, model, targets, adapter, name):
         report, to_load = _own_layout(source, targets, name, strict)
     elif adapter is None:
         raise WeightsLayoutError(f"{name}: not an embodyhpc export of this model, and the model reads no published "

@@ -67,9 +67,10 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
         check("model.tokenizer_path", cfg.model.tokenizer_path, "tokenizer file")
     elif _carried_tokenizer(cfg, training):
         pass  # the checkpoint's (checked: it loads and fits the model), or the copy beside evaluated weights
-    elif cfg.model.size == "full" and cfg.model.name == "pi05":
-        message = "model.tokenizer_path is unset: the full-size pi0.5 needs the PaliGemma tokenizer file"
-        fix = "set model.tokenizer_path=/path/to/tokenizer.model"
+    elif needed := _tokenizer_file(cfg.model):
+        what, example = needed
+        message = f"model.tokenizer_path is unset: {what}"
+        fix = f"set model.tokenizer_path={example}"
         if submitting:
             raise ConfigError(message, key="model.tokenizer_path", where=where("model.size"), fix=fix)
         warnings.append(f"{message}; submit refuses until it is set ({fix})")
@@ -95,3 +96,10 @@ def _carried_tokenizer(cfg, training: bool) -> bool:
         return found is not None
     folder = Path(cfg.eval.weights).expanduser()
     return any(export_tokenizer(f) is not None for f in (folder, folder.parent))
+
+
+def _tokenizer_file(model_cfg) -> tuple[str, str] | None:
+    """(what the model needs, an example path) when its size reads a tokenizer file (the spec's tokenizer_file)."""
+    from embodyhpc.models.spec import model_spec
+
+    return dict(model_spec(model_cfg.name).tokenizer_file).get(model_cfg.size)

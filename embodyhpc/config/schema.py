@@ -148,7 +148,7 @@ class ModelConfig:
     """The selected model's own options, checked against its spec's options dataclass when the recipe is loaded
     (pi0.5 takes none here)."""
     size: str = "tiny"
-    """tiny (laptop CPU), small, or full (published pi0.5 shapes, ~3.3B parameters)."""
+    """tiny (laptop CPU), small, or full (the published shapes: pi0.5 ~3.3B parameters; groot has tiny and full)."""
     attention_backend: str = "auto"
     """auto picks the fastest available for the device; sdpa_reference (dense mask) is the CPU reference,
     sdpa_segments the per-sample CPU path; flex is forward-only on CPU."""
@@ -190,7 +190,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         from embodyhpc.models.spec import model_spec
 
-        model_spec(self.name).parse_options(self.options)  # the name, then the model's own options
+        spec = model_spec(self.name)
+        spec.parse_options(self.options)  # the name, then the model's own options
         checks.choice("model.size", self.size, MODEL_SIZES)
         checks.choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for key in ("action_horizon", "action_dim", "max_token_len", "state_dim"):
@@ -200,6 +201,8 @@ class ModelConfig:
         if not isinstance(self.norm_stats, str) or not self.norm_stats.strip():
             raise ConfigError("model.norm_stats is empty", key="model.norm_stats",
                               fix="auto, init, dataset, or the path of a statistics file")
+        if spec.check is not None:
+            spec.load("check")(self)
 
 
 AC_MODES = ("none", "full", "every_k")

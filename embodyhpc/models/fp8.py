@@ -1,8 +1,10 @@
 """`precision.mode: fp8`: matmuls of the transformer blocks in float8, everything else in high precision.
 
-Which layers go to fp8 (`fp8_linear_filter`, one rule for both backends):
-  an nn.Linear inside a transformer block (vision.blocks.*, layers.* — attention projections and MLPs of the VLM
-  and the action expert) whose in and out features are both multiples of 16 (float8 GEMMs need that alignment).
+Which layers go to fp8 (`fp8_filter_for(model)`, one rule for both backends and every model plug-in):
+  an nn.Linear inside one of the model's declared FSDP units (`fsdp_units()`: its repeated blocks; for pi0.5
+  vision.blocks.*, layers.* — attention projections and MLPs of the VLM and the action expert; for GR00T also the
+  VL adapter's and the DiT's blocks), not in a norm, whose in and out features are both multiples of 16 (float8
+  GEMMs need that alignment). `fp8_linear_filter` is the same rule spelled with pi0.5's block names.
 Everything else stays in the high-precision dtype: embeddings and the patch convolution (not Linear), every norm
 including the adaptive norms' time modulation (a small matmul whose error scales every activation of the expert),
 the vision projector, the time MLP, the action input projection and the action output head (the velocity the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -42,6 +45,23 @@ def fp8_linear_filter(module: nn.Module, fqn: str) -> bool:
     if not isinstance(module, nn.Linear) or not _BLOCK_LINEAR.match(fqn) or "norm" in fqn:
         return False
     return module.in_features % _ALIGNMENT == 0 and module.out_features % _ALIGNMENT == 0
+
+
+def fp8_filter_for(model: nn.Module) -> Callable[[nn.Module, str], bool]:
+    """The filter of `model` (module doc): Linear layers inside its declared FSDP units; a model declaring none
+    gets pi0.5's name rule."""
+    declare = getattr(model, "fsdp_units", None)
+    if declare is None:
+        return fp8_linear_filter
+    units = {id(unit) for unit in declare()}
+    prefixes = tuple(f"{name}." for name, module in model.named_modules() if id(module) in units)
+
+    def in_block(module: nn.Module, fqn: str) -> bool:
+        if not isinstance(module, nn.Linear) or not fqn.startswith(prefixes) or "norm" in fqn:
+            return False
+        return module.in_features % _ALIGNMENT == 0 and module.out_features % _ALIGNMENT == 0
+
+    return in_block
 
 
 def convert_to_fp8(model: nn.Module, precision_cfg) -> nn.Module:
@@ -62,7 +82,7 @@ def _convert_torchao(model: nn.Module, recipe: str) -> nn.Module:
         raise ConfigError("precision.fp8_backend=torchao needs the torchao package", key="precision.fp8_backend",
                           fix="pip install torchao (0.18 with torch 2.13)") from exc
     config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
-    return convert_to_float8_training(model, config=config, module_filter_fn=fp8_linear_filter)
+    return convert_to_float8_training(model, config=config, module_filter_fn=fp8_filter_for(model))
 
 
 TE_MIN_VERSION = (2, 9)
@@ -105,7 +125,8 @@ def convert_te(model: nn.Module) -> nn.Module:
     it by the model's init rules, which cover te.Linear); a real build copies the Linear's values.
     """
     te = import_te()
-    targets = [(fqn, module) for fqn, module in model.named_modules() if fp8_linear_filter(module, fqn)]
+    keep = fp8_filter_for(model)
+    targets = [(fqn, module) for fqn, module in model.named_modules() if keep(module, fqn)]
     for fqn, linear in targets:
         parent_name, _, child_name = fqn.rpartition(".")
         parent = model.get_submodule(parent_name)

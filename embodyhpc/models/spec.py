@@ -59,6 +59,12 @@ class ModelSpec:
     """model_cfg -> tokenizer, or None for a model that reads no text."""
     token_budget: Any = None
     """(batch, model_cfg) -> int: the token room of a packed batch (packing_efficiency); None: never packs."""
+    tokenizer_file: tuple[tuple[str, tuple[str, str]], ...] = ()
+    """(size, (what that size needs, an example path)) for sizes that read model.tokenizer_path: validate and render
+    warn while it is unset, submit refuses."""
+    check: Any = None
+    """(model_cfg) -> None, run at validate after the options: the model's own checks of the shared model keys
+    (the sizes it has, limits on action_horizon, ...), raising one-line ConfigErrors; it must not import torch."""
     weights: Any = None
     """A published-weights adapter (checkpoint/sliced_weights.WeightsAdapter) for model.init_weights from a
     published checkpoint; None: model.init_weights reads embodyhpc exports only."""
@@ -90,7 +96,8 @@ class ModelSpec:
             raise ConfigError(str(exc).splitlines()[0], key="model.options") from None
 
 
-_REGISTRY: dict[str, ModelSpec | str] = {"pi05": "embodyhpc.models.pi05:SPEC"}  # the shipped model, in its folder
+# the shipped models, each in its folder
+_REGISTRY: dict[str, ModelSpec | str] = {"pi05": "embodyhpc.models.pi05:SPEC", "groot": "embodyhpc.models.groot:SPEC"}
 
 
 def register_model(spec: ModelSpec) -> None:

@@ -9,11 +9,11 @@ from embodyhpc.tracking.mlflow_run import (
     CLI_HTTP_ENV,
     TrackingError,
     _default_artifact_location,
-    _one_line,
     bounded_http,
     client,
     sqlite_path,
 )
+from embodyhpc.tracking.mlflow_values import one_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,7 @@ def reopen_run(uri: str, run_id: str, *, after_step: int | None = None, prefix: 
         except TrackingError:
             raise
         except Exception as exc:
-            raise TrackingError(f"could not reopen MLflow run {run_id} in {uri}: {_one_line(exc)}") from exc
+            raise TrackingError(f"could not reopen MLflow run {run_id} in {uri}: {one_line(exc)}") from exc
     return Reopened(run.info.status, removed, kept)
 
 

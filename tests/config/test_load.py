@@ -12,16 +12,16 @@ NEEDS = ["data.root=/data/set", "site.account=robotics", TOK]
 
 
 def test_shipped_inventory():
-    assert shipped_recipes() == ["demo_metaworld_cpu", "libero_cpu", "pi05_bf16", "pi05_fp8", "pi05_libero",
-                                 "smoke_cpu"]
+    assert shipped_recipes() == ["demo_groot_metaworld_cpu", "demo_metaworld_cpu", "groot_n15_bf16", "libero_cpu",
+                                 "pi05_bf16", "pi05_fp8", "pi05_libero", "smoke_cpu"]
     assert shipped_sites() == ["example_ib", "example_roce", "example_tcp", "local"]
 
 
 @pytest.mark.parametrize("site", ["local", "example_ib", "example_roce", "example_tcp"])
 @pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "smoke_cpu", "pi05_bf16", "pi05_fp8", "libero_cpu",
-                                    "pi05_libero"])
+                                    "pi05_libero", "demo_groot_metaworld_cpu", "groot_n15_bf16"])
 def test_every_shipped_recipe_loads_on_every_site(recipe, site):
-    cpu_recipe = recipe in ("smoke_cpu", "demo_metaworld_cpu")
+    cpu_recipe = recipe in ("smoke_cpu", "demo_metaworld_cpu", "demo_groot_metaworld_cpu")
     overrides = list(NEEDS) if not cpu_recipe else ["site.account=robotics"] * (site != "local")
     overrides += ["model.init_weights=/models/pi05_base"] * (recipe == "pi05_libero")
     loaded = load_recipe(recipe, overrides, site=site)

@@ -30,8 +30,8 @@ def run_python(code: str) -> dict:
 
 
 def test_registry() -> None:
-    assert registered_models() == ["pi05"]
-    with pytest.raises(ConfigError, match="model.name: unknown model 'pi1'; registered: pi05"):
+    assert registered_models() == ["groot", "pi05"]
+    with pytest.raises(ConfigError, match="model.name: unknown model 'pi1'; registered: groot, pi05"):
         build_model(dataclasses.replace(ModelConfig(), name="pi1"))
 
 
@@ -67,16 +67,17 @@ def test_no_source_file_imports_torch_distributed() -> None:
 def test_the_registry_does_not_import_torch() -> None:
     result = run_python("import json, sys, embodyhpc.models as m\n"
                         "print(json.dumps({'names': m.registered_models(), 'torch': 'torch' in sys.modules}))\n")
-    assert result == {"names": ["pi05"], "torch": False}
+    assert result == {"names": ["groot", "pi05"], "torch": False}
 
 
-@pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "smoke_cpu", "pi05_bf16", "pi05_fp8"])
+@pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "smoke_cpu", "pi05_bf16", "pi05_fp8",
+                                    "demo_groot_metaworld_cpu", "groot_n15_bf16"])
 def test_shipped_recipes_build_their_model_on_meta(recipe: str) -> None:
     import torch
 
     from embodyhpc.config.load import load_recipe
 
-    cpu_recipe = recipe in ("smoke_cpu", "demo_metaworld_cpu")
+    cpu_recipe = recipe in ("smoke_cpu", "demo_metaworld_cpu", "demo_groot_metaworld_cpu")
     config = load_recipe(recipe, overrides=[] if cpu_recipe else FULL_NEEDS).config
     precision = config.precision
     if precision.mode == "fp8" and precision.fp8_backend == "te":

@@ -22,7 +22,10 @@ UPDATE = "EMBODYHPC_UPDATE_GOLDEN"
 
 def _overrides(recipe: str, site: str) -> list[str]:
     tokenizer = "model.tokenizer_path=/models/paligemma/tokenizer.model"
-    out = [] if recipe in ("smoke_cpu", "demo_metaworld_cpu") else ["data.root=/data/lerobot/pick_place", tokenizer]
+    if recipe.startswith("groot"):
+        tokenizer = "model.tokenizer_path=/models/eagle2.5/tokenizer.json"
+    cpu = ("smoke_cpu", "demo_metaworld_cpu", "demo_groot_metaworld_cpu")
+    out = [] if recipe in cpu else ["data.root=/data/lerobot/pick_place", tokenizer]
     out += ["model.init_weights=/models/pi05_base"] if recipe == "pi05_libero" else []
     return out + ([] if site == "local" else ["site.account=robotics"])
 

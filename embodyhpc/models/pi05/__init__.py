@@ -21,6 +21,7 @@ SPEC = ModelSpec(
     token_budget="embodyhpc.models.pi05.batching:batch_token_budget",
     inference="embodyhpc.models.pi05.inference:Pi05Runner",
     weights="embodyhpc.models.pi05.weights:ADAPTER",
+    tokenizer_file=(("full", ("the full-size pi0.5 needs the PaliGemma tokenizer file", "/path/to/tokenizer.model")),),
 )
 
 _LAZY = {

@@ -70,7 +70,7 @@ def test_the_registry_finds_it_and_validate_checks_its_options(plugin_env, tmp_p
     assert config.model.name == "mlp" and config.model.options == {"hidden_width": 16}
     from embodyhpc.models import available_models, model_spec
 
-    assert available_models() == ["mlp", "pi05"]
+    assert available_models() == ["groot", "mlp", "pi05"]
     assert model_spec("mlp").parse_options(config.model.options).hidden_width == 16
     with pytest.raises(ConfigError, match=r"model.options.num_layers: the mlp model has no option 'num_layers'"):
         load_recipe(str(recipe), ["model.options.num_layers=3"])
@@ -86,7 +86,7 @@ def test_the_registry_finds_it_and_validate_checks_its_options(plugin_env, tmp_p
 
 def test_without_the_entry_point_the_name_is_refused(tmp_path):
     recipe = write_recipe(tmp_path / "mlp.yaml", tmp_path / "runs", tmp_path / "data")
-    with pytest.raises(ConfigError, match=r"model.name: unknown model 'mlp'; registered: pi05"):
+    with pytest.raises(ConfigError, match=r"model.name: unknown model 'mlp'; registered: groot, pi05"):
         load_recipe(str(recipe))
 
 

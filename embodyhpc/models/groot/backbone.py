@@ -1,0 +1,114 @@
+"""The Eagle-2.5-style VLM of GR00T-N1.5: a SigLIP vision tower, a linear projector, and a Qwen3-style LLM cut
+after `llm.depth` layers whose final RMSNorm output feeds the action head (frozen in fine-tuning by default).
+
+The vision tower is the SigLIP-style tower pi0.5 uses (models/pi05/vision.py: patch embedding, learned positions,
+pre-LN blocks, post-LN; pixels mapped to [-1, 1], i.e. mean = std = 0.5; no pooling head).
+The LLM runs on the VLM tokens in the packer's rows (plan.py), causal within each sample (Qwen3 is a causal LM;
+the sample's image tokens come first, then its instruction), with RoPE positions restarting per sample.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embodyhpc.models.groot.plan import GrootPlan
+from embodyhpc.models.groot.shapes import GrootShape, LlmShape
+from embodyhpc.models.pi05.vision import VisionTower
+
+
+class RMSNorm(nn.Module):
+    """Qwen's RMSNorm: x / rms(x) * weight (the weight itself, initialised to 1)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).type_as(x)
+
+
+def rope(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [R, T, 1, head_dim / 2] for positions [R, T]."""
+    inv_freq = base ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = positions.float()[..., None] * inv_freq
+    return angles.cos()[:, :, None], angles.sin()[:, :, None]
+
+
+def apply_rope(x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotate [R, T, H, D] by (first half, second half) pairs, as Qwen does."""
+    cos, sin = angles
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
+
+
+class QwenAttention(nn.Module):
+    def __init__(self, shape: LlmShape) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
+        self.q_proj = nn.Linear(shape.width, shape.num_heads * shape.head_dim, bias=False)
+        self.k_proj = nn.Linear(shape.width, shape.num_kv_heads * shape.head_dim, bias=False)
+        self.v_proj = nn.Linear(shape.width, shape.num_kv_heads * shape.head_dim, bias=False)
+        self.o_proj = nn.Linear(shape.num_heads * shape.head_dim, shape.width, bias=False)
+        self.q_norm = RMSNorm(shape.head_dim, shape.norm_eps)  # Qwen3: per-head norms on queries and keys
+        self.k_norm = RMSNorm(shape.head_dim, shape.norm_eps)
+
+    def forward(self, x: torch.Tensor, angles, mask: torch.Tensor) -> torch.Tensor:
+        q = apply_rope(self.q_norm(self.q_proj(x).unflatten(-1, (self.heads, self.head_dim))), angles)
+        k = apply_rope(self.k_norm(self.k_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))), angles)
+        v = self.v_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                             enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).flatten(2))
+
+
+class QwenMLP(nn.Module):
+    def __init__(self, width: int, mlp_dim: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(width, mlp_dim, bias=False)
+        self.up_proj = nn.Linear(width, mlp_dim, bias=False)
+        self.down_proj = nn.Linear(mlp_dim, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class QwenLayer(nn.Module):
+    def __init__(self, shape: LlmShape) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(shape.width, shape.norm_eps)
+        self.self_attn = QwenAttention(shape)
+        self.post_attention_layernorm = RMSNorm(shape.width, shape.norm_eps)
+        self.mlp = QwenMLP(shape.width, shape.mlp_dim)
+
+    def forward(self, x: torch.Tensor, angles, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), angles, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class EagleBackbone(nn.Module):
+    def __init__(self, shape: GrootShape) -> None:
+        super().__init__()
+        self.shape = shape
+        self.vision = VisionTower(shape.vision)
+        self.projector = nn.Linear(shape.vision.width, shape.llm.width)
+        self.embed_tokens = nn.Embedding(shape.llm.vocab_size, shape.llm.width)
+        self.layers = nn.ModuleList(QwenLayer(shape.llm) for _ in range(shape.llm.depth))
+        self.norm = RMSNorm(shape.llm.width, shape.llm.norm_eps)
+
+    def forward(self, images: torch.Tensor, text_ids: torch.Tensor, plan: GrootPlan) -> torch.Tensor:
+        """images [N, C, 3, H, W] in [0, 1], text_ids [N, L] -> VLM features [R, T, llm width] in the plan's rows
+        (zeros where a row is padded)."""
+        dtype = self.projector.weight.dtype
+        patches = self.projector(self.vision(images.flatten(0, 1).to(dtype)))  # [N*C, P, width]
+        text = self.embed_tokens(text_ids).flatten(0, 1).to(patches.dtype)
+        source = torch.cat([patches.flatten(0, 1), text, patches.new_zeros(1, patches.shape[-1])])
+        x = source[plan.vl_source]
+        angles = rope(plan.vl_positions, self.shape.llm.head_dim, self.shape.llm.rope_base)
+        mask = plan.causal_mask
+        for layer in self.layers:
+            x = layer(x, angles, mask)
+        return self.norm(x) * (plan.vl_segments >= 0)[..., None].to(x.dtype)

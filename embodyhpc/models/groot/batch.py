@@ -1,0 +1,90 @@
+"""The GR00T micro-batch: images, instruction tokens, the state vector, the action chunk and the embodiment id.
+
+Packing is described by `rows` (sample indices per row, from embodyhpc.data.packing over `token_counts()`): only the
+VLM tokens (images + instruction) are packed; the action side has the same token count for every sample. Without
+rows every sample gets a row of its own. `text_lengths` stays on the host (the plan reads it as Python numbers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+
+@dataclass(frozen=True)
+class GrootSample:
+    images: torch.Tensor  # [C, 3, H, W] float in [0, 1]
+    text_ids: list[int]  # the instruction's tokens
+    state: torch.Tensor  # [S] normalised, zero-padded to the model's max_state_dim
+    actions: torch.Tensor | None = None  # [H, A]
+    action_is_pad: torch.Tensor | None = None  # [H] bool
+    num_action_dims: int | None = None
+
+
+@dataclass(frozen=True)
+class GrootBatch:
+    images: torch.Tensor  # [N, C, 3, H, W]
+    text_ids: torch.Tensor  # [N, L] right-padded with 0
+    text_lengths: torch.Tensor  # [N] int64 (host)
+    state: torch.Tensor  # [N, max_state_dim]
+    embodiment: torch.Tensor  # [N] int64: which category MLP weights serve the sample
+    actions: torch.Tensor | None = None  # [N, H, A]
+    action_is_pad: torch.Tensor | None = None  # [N, H] bool
+    action_dim_mask: torch.Tensor | None = None  # [N, A] bool
+    rows: list[list[int]] | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return self.images.shape[0]
+
+    def packing_rows(self) -> list[list[int]]:
+        return self.rows if self.rows is not None else [[i] for i in range(self.num_samples)]
+
+    def token_counts(self, num_patches: int) -> list[int]:
+        """VLM tokens per sample (every camera's patches + the instruction): what the packer packs."""
+        images = self.images.shape[1] * num_patches
+        return [images + int(n) for n in self.text_lengths.tolist()]
+
+    def with_rows(self, rows: list[list[int]] | None) -> GrootBatch:
+        return replace(self, rows=rows)
+
+    def to(self, device: torch.device | str) -> GrootBatch:
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in moved.items():
+            if isinstance(value, torch.Tensor) and name != "text_lengths":
+                moved[name] = value.to(device, non_blocking=True)
+        return GrootBatch(**moved)
+
+    def select(self, indices: list[int]) -> GrootBatch:
+        """The given samples as an unpacked batch of their own (tests)."""
+        index = torch.tensor(indices)
+        picked = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in picked.items():
+            picked[name] = value[index.to(value.device)] if isinstance(value, torch.Tensor) else None
+        return GrootBatch(**picked)
+
+
+def collate(samples: list[GrootSample], *, embodiment_id: int) -> GrootBatch:
+    if not samples:
+        raise ValueError("no samples to collate")
+    lengths = torch.tensor([len(s.text_ids) for s in samples])
+    text_ids = torch.zeros((len(samples), max(int(lengths.max()), 1)), dtype=torch.long)
+    for i, sample in enumerate(samples):
+        text_ids[i, :len(sample.text_ids)] = torch.tensor(sample.text_ids, dtype=torch.long)
+    has_actions = samples[0].actions is not None
+    if any((s.actions is not None) != has_actions for s in samples):
+        raise ValueError("either every sample has actions (training) or none does (inference)")
+    actions = action_is_pad = action_dim_mask = None
+    if has_actions:
+        actions = torch.stack([s.actions for s in samples])
+        if any(s.action_is_pad is not None for s in samples):
+            action_is_pad = torch.stack([s.action_is_pad if s.action_is_pad is not None
+                                         else torch.zeros(s.actions.shape[0], dtype=torch.bool) for s in samples])
+        if any(s.num_action_dims is not None for s in samples):
+            dims = torch.arange(actions.shape[-1])
+            action_dim_mask = torch.stack([dims < (s.num_action_dims or actions.shape[-1]) for s in samples])
+    return GrootBatch(images=torch.stack([s.images for s in samples]), text_ids=text_ids, text_lengths=lengths,
+                      state=torch.stack([s.state for s in samples]).float(),
+                      embodiment=torch.full((len(samples),), embodiment_id, dtype=torch.long), actions=actions,
+                      action_is_pad=action_is_pad, action_dim_mask=action_dim_mask)
