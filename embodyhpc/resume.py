@@ -305,21 +305,9 @@ def resume(plan: ResumePlan, python: str, *, local: bool = False, progress: Prog
     """Start the new attempt: archive what the last one left, rewrite resolved.yaml and run.json, reopen the MLflow
     run, and submit the chain (Slurm when reachable, else locally)."""
     from embodyhpc.orchestrate.api import run_chain
-    from embodyhpc.slurm import commands
-    from embodyhpc.submit import absolute_paths, check_environment, preflight
+    from embodyhpc.submit import prepare_launch
 
-    loaded = plan.loaded
-    check_environment(loaded, dict(os.environ), progress)
-    for warning in [*plan.warnings, *preflight(loaded, python, submitting=True)]:
-        progress(f"warning: {warning}")
-    loaded = absolute_paths(loaded)
-    backend = "local"
-    if not local:
-        ok, why = commands.reachable()
-        if ok:
-            backend = "slurm"
-        else:
-            progress(f"no Slurm cluster reachable ({why}): running the chain on this machine (--local)")
+    loaded, backend = prepare_launch(plan.loaded, python, local=local, progress=progress, warnings=plan.warnings)
     info = plan.info
     run = Path(info.run_dir)
     archived = archive_attempt(run, info.attempt)

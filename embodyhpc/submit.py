@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -149,6 +149,28 @@ def check_environment(loaded: LoadedRecipe, environ: dict[str, str], progress: P
                  "have " + ("it" if len(unset) == 1 else "them"))
 
 
+def prepare_launch(loaded: LoadedRecipe, python: str, *, local: bool, progress: Progress = print,
+                   eval_only: bool = False, warnings: Sequence[str] = ()) -> tuple[LoadedRecipe, str]:
+    """What `submit` and `resume` do before a chain starts: check the environment, print the preflight's warnings
+    (after `warnings`), make the recipe's paths absolute and choose the backend (Slurm when reachable, else this
+    machine). Returns the recipe to run and the backend."""
+    import os
+
+    from embodyhpc.slurm import commands
+
+    check_environment(loaded, dict(os.environ), progress)
+    for warning in [*warnings, *preflight(loaded, python, submitting=True, eval_only=eval_only)]:
+        progress(f"warning: {warning}")
+    loaded = absolute_paths(loaded)
+    if local:
+        return loaded, "local"
+    ok, why = commands.reachable()
+    if not ok:
+        progress(f"no Slurm cluster reachable ({why}): running the chain on this machine (--local)")
+        return loaded, "local"
+    return loaded, "slurm"
+
+
 def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: Progress = print,
            eval_only: bool = False, mlflow_parent: str | None = None,
            on_train_progress: Callable[[TrainProgress], None] | None = None) -> RunInfo:
@@ -159,23 +181,9 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
     run to. on_train_progress: a chain that runs here calls it from a thread of its own whenever training logged
     a new step (runlogs.read_last_metrics), until the chain ends.
     """
-    import os
-
     from embodyhpc.orchestrate.api import run_chain, start_run
-    from embodyhpc.slurm import commands
 
-    check_environment(loaded, dict(os.environ), progress)
-    for warning in preflight(loaded, python, submitting=True, eval_only=eval_only):
-        progress(f"warning: {warning}")
-    loaded = absolute_paths(loaded)
-
-    backend = "local"
-    if not local:
-        ok, why = commands.reachable()
-        if ok:
-            backend = "slurm"
-        else:
-            progress(f"no Slurm cluster reachable ({why}): running the chain on this machine (--local)")
+    loaded, backend = prepare_launch(loaded, python, local=local, progress=progress, eval_only=eval_only)
     job = loaded.config.job
     run_dir = new_run_dir(job.runs_root, job.experiment, job.name)
     try:

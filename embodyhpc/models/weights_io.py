@@ -131,3 +131,55 @@ class LoadReport:
         return (f"{self.source}: {len(self.loaded)} loaded, {len(self.missing)} missing, "
                 f"{len(self.unexpected)} unexpected, {len(self.mismatched)} shape mismatches, "
                 f"{len(self.ignored)} ignored (unused by the model)")
+
+
+# ---- matching a file against a family's key rules (each adapter's plan_load) ----
+def listing(keys: list[str], limit: int = 8) -> str:
+    """The first `limit` keys, and how many more."""
+    more = f" (and {len(keys) - limit} more)" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+def match_rules(report: LoadReport, rules: list[KeyRule], in_file: Mapping[str, str],
+                targets: Mapping[str, tuple[int, ...]], shape_of: Callable[[str], tuple[int, ...]],
+                ignored: Callable[[str], bool]) -> list[tuple[KeyRule, str]]:
+    """Fill `report` from the file's keys (`in_file`: the rule's published name -> the name in the file) and the
+    model's shapes (`targets`: our name -> shape): loaded, missing, mismatched, and the file's other keys as ignored
+    (`ignored` says which the model knowingly leaves unused) or unexpected. Returns (rule, key in the file) for each
+    tensor to load."""
+    to_load = []
+    for rule in rules:
+        key = in_file.get(rule.theirs)
+        if key is None:
+            report.missing.append(rule.theirs)
+            continue
+        expected, got = rule.their_shape(tuple(targets[rule.ours])), shape_of(key)
+        if expected != got:
+            report.mismatched.append((rule.theirs, expected, got))
+            continue
+        to_load.append((rule, key))
+        report.loaded.append(rule.theirs)
+    known = {r.theirs for r in rules}
+    for canonical in in_file:
+        if ignored(canonical):
+            report.ignored.append(canonical)
+        elif canonical not in known:
+            report.unexpected.append(canonical)
+    return to_load
+
+
+def refuse_mismatches(report: LoadReport, source_name: str, *, strict: bool, hint: Callable[[str], str],
+                      details: int = 6) -> None:
+    """WeightsLayoutError, one line: shape mismatches (always, the first `details` with `hint`'s recipe key), missing
+    and unexpected keys (when strict)."""
+    if report.mismatched:
+        text = "; ".join(f"{k}: model {list(e)} vs checkpoint {list(g)}{hint(k)}"
+                         for k, e, g in report.mismatched[:details])
+        raise WeightsLayoutError(f"{source_name}: {len(report.mismatched)} shape mismatch(es): {text}")
+    if strict and (report.missing or report.unexpected):
+        parts = []
+        if report.missing:
+            parts.append(f"missing {len(report.missing)} key(s): {listing(report.missing)}")
+        if report.unexpected:
+            parts.append(f"unexpected {len(report.unexpected)} key(s): {listing(report.unexpected)}")
+        raise WeightsLayoutError(f"{source_name}: " + "; ".join(parts) + " (strict=False loads the rest)")

@@ -45,6 +45,9 @@ from embodyhpc.models.weights_io import (
     SafetensorsCheckpoint,
     TensorSource,
     WeightsLayoutError,
+    listing,
+    match_rules,
+    refuse_mismatches,
 )
 
 EAGLE = "backbone.eagle_model."
@@ -102,10 +105,6 @@ def published_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     return table | unused_published_keys(model.shape)
 
 
-def _listing(keys: list[str], limit: int = 6) -> str:
-    more = f" (and {len(keys) - limit} more)" if len(keys) > limit else ""
-    return ", ".join(keys[:limit]) + more
-
 
 def _prefix(names: list[str], source_name: str) -> str:
     for name in names:
@@ -117,7 +116,7 @@ def _prefix(names: list[str], source_name: str) -> str:
         raise WeightsLayoutError(f"{source_name} is a pi0.5/pi0 checkpoint (paligemma_with_expert.*), not GR00T: "
                                  "set model.name=pi05 to start from it")
     raise WeightsLayoutError(f"{source_name} holds no GR00T tensors (no backbone.* or action_head.* keys; first keys: "
-                             f"{_listing(sorted(names), 3)})")
+                             f"{listing(sorted(names), 3)})")
 
 
 def _hint(key: str) -> str:
@@ -145,36 +144,10 @@ def plan_load(source: TensorSource, shape: GrootShape, targets: Mapping[str, tup
                                  "has no VL LayerNorm and self-attention adapter, ours is GR00T-N1.5")
     report = LoadReport(source=source_name, key_prefix=prefix)
     rules = key_rules(list(targets))
-    to_load = []
-    for rule in rules:
-        key = in_file.get(rule.theirs)
-        if key is None:
-            report.missing.append(rule.theirs)
-            continue
-        expected, got = rule.their_shape(tuple(targets[rule.ours])), shape_of(key)
-        if expected != got:
-            report.mismatched.append((rule.theirs, expected, got))
-            continue
-        to_load.append((rule, key))
-        report.loaded.append(rule.theirs)
-    known, optional = {r.theirs for r in rules}, set(unused_published_keys(shape))
-    for canonical in in_file:
-        if canonical in optional:
-            report.ignored.append(canonical)
-        elif canonical not in known:
-            report.unexpected.append(canonical)
+    optional = set(unused_published_keys(shape))
+    to_load = match_rules(report, rules, in_file, targets, shape_of, optional.__contains__)
     report.unexpected += [k for k in names if not k.startswith(prefix)]
-    if report.mismatched:
-        details = "; ".join(f"{k}: model {list(e)} vs checkpoint {list(g)}{_hint(k)}"
-                            for k, e, g in report.mismatched[:4])
-        raise WeightsLayoutError(f"{source_name}: {len(report.mismatched)} shape mismatch(es): {details}")
-    if strict and (report.missing or report.unexpected):
-        parts = []
-        if report.missing:
-            parts.append(f"missing {len(report.missing)} key(s): {_listing(report.missing)}")
-        if report.unexpected:
-            parts.append(f"unexpected {len(report.unexpected)} key(s): {_listing(report.unexpected)}")
-        raise WeightsLayoutError(f"{source_name}: " + "; ".join(parts) + " (strict=False loads the rest)")
+    refuse_mismatches(report, source_name, strict=strict, hint=_hint, details=4)
     return report, to_load
 
 

@@ -82,6 +82,9 @@ from embodyhpc.models.weights_io import (
     SafetensorsCheckpoint,
     TensorSource,
     WeightsLayoutError,
+    listing,
+    match_rules,
+    refuse_mismatches,
 )
 
 PALIGEMMA = "paligemma_with_expert.paligemma."
@@ -158,10 +161,6 @@ def published_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     return table | unused_published_keys(model.shape)
 
 
-def _listing(keys: list[str], limit: int = 8) -> str:
-    more = f" (and {len(keys) - limit} more)" if len(keys) > limit else ""
-    return ", ".join(keys[:limit]) + more
-
 
 # ---- conversion (pure: no model writes, usable by the FSDP-aware loader in checkpoint/) ----
 def plan_load(source: TensorSource, shape: Pi05Shape, targets: Mapping[str, tuple[int, ...]], *,
@@ -182,39 +181,13 @@ def plan_load(source: TensorSource, shape: Pi05Shape, targets: Mapping[str, tupl
     unknown_ours = sorted(set(targets) - {r.ours for r in rules})
     if unknown_ours:
         raise WeightsLayoutError(f"the model has tensors the published pi0.5 layout has no place for: "
-                                 f"{_listing(unknown_ours)}")
+                                 f"{listing(unknown_ours)}")
     if LANGUAGE + "embed_tokens.weight" not in in_file and LM_HEAD in in_file:
         in_file[LANGUAGE + "embed_tokens.weight"] = in_file.pop(LM_HEAD)  # tied: LeRobot files keep lm_head only
-    to_load = []
-    for rule in rules:
-        key = in_file.get(rule.theirs)
-        if key is None:
-            report.missing.append(rule.theirs)
-            continue
-        expected, got = rule.their_shape(tuple(targets[rule.ours])), shape_of(key)
-        if expected != got:
-            report.mismatched.append((rule.theirs, expected, got))
-            continue
-        to_load.append((rule, key))
-        report.loaded.append(rule.theirs)
-    known = {r.theirs for r in rules}
     optional = set(unused_published_keys(shape)) | {LM_HEAD, EXPERT_LM_HEAD}
-    for canonical in in_file:
-        if canonical in optional or canonical.startswith(_LEROBOT_BUFFERS):
-            report.ignored.append(canonical)
-        elif canonical not in known:
-            report.unexpected.append(canonical)
-    if report.mismatched:
-        details = "; ".join(f"{k}: model {list(e)} vs checkpoint {list(g)}{_hint(k)}" for k, e, g in
-                            report.mismatched[:6])
-        raise WeightsLayoutError(f"{source_name}: {len(report.mismatched)} shape mismatch(es): {details}")
-    if strict and (report.missing or report.unexpected):
-        parts = []
-        if report.missing:
-            parts.append(f"missing {len(report.missing)} key(s): {_listing(report.missing)}")
-        if report.unexpected:
-            parts.append(f"unexpected {len(report.unexpected)} key(s): {_listing(report.unexpected)}")
-        raise WeightsLayoutError(f"{source_name}: " + "; ".join(parts) + " (strict=False loads the rest)")
+    to_load = match_rules(report, rules, in_file, targets, shape_of,
+                          lambda key: key in optional or key.startswith(_LEROBOT_BUFFERS))
+    refuse_mismatches(report, source_name, strict=strict, hint=_hint)
     return report, to_load
 
 
