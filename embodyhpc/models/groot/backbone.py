@@ -16,6 +16,7 @@ from torch import nn
 from embodyhpc.models.groot.plan import GrootPlan
 from embodyhpc.models.groot.shapes import GrootShape, LlmShape
 from embodyhpc.models.pi05.vision import VisionTower
+from embodyhpc.models.rope import apply_rope, rope_angles
 
 
 class RMSNorm(nn.Module):
@@ -29,20 +30,6 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).type_as(x)
-
-
-def rope(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [R, T, 1, head_dim / 2] for positions [R, T]."""
-    inv_freq = base ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angles = positions.float()[..., None] * inv_freq
-    return angles.cos()[:, :, None], angles.sin()[:, :, None]
-
-
-def apply_rope(x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotate [R, T, H, D] by (first half, second half) pairs, as Qwen does."""
-    cos, sin = angles
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
 
 
 class QwenAttention(nn.Module):
@@ -107,7 +94,7 @@ class EagleBackbone(nn.Module):
         text = self.embed_tokens(text_ids).flatten(0, 1).to(patches.dtype)
         source = torch.cat([patches.flatten(0, 1), text, patches.new_zeros(1, patches.shape[-1])])
         x = source[plan.vl_source]
-        angles = rope(plan.vl_positions, self.shape.llm.head_dim, self.shape.llm.rope_base)
+        angles = rope_angles(plan.vl_positions, self.shape.llm.head_dim, self.shape.llm.rope_base)
         mask = plan.causal_mask
         for layer in self.layers:
             x = layer(x, angles, mask)

@@ -13,6 +13,7 @@ from torch import nn
 from embodyhpc.models.attention import PreparedAttention, attend
 from embodyhpc.models.pi05.plan import TokenPlan, from_rows, to_rows
 from embodyhpc.models.pi05.shapes import Pi05Shape, StreamShape
+from embodyhpc.models.rope import apply_rope
 
 
 def _rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -63,20 +64,6 @@ class AdaRMSNorm(nn.Module):
         scale, shift = per_token[..., :self.dim], per_token[..., self.dim:2 * self.dim]
         gate = per_token[..., 2 * self.dim:].type_as(x) if self.gated else None
         return (_rms_normalize(x, self.eps) * (1.0 + scale) + shift).type_as(x), gate
-
-
-def rope_angles(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [R, T, 1, head_dim / 2] for integer positions [R, T] (float32; no buffers, so meta builds work)."""
-    inv_freq = base ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angles = positions.float()[..., None] * inv_freq
-    return angles.cos()[:, :, None], angles.sin()[:, :, None]
-
-
-def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotate [R, T, H, D] by position: (first half, second half) pairs, as Gemma does."""
-    cos, sin = rope
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
 
 
 class GeGLU(nn.Module):

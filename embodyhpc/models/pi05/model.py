@@ -27,11 +27,11 @@ from embodyhpc.models.pi05.layers import (
     LayerContext,
     RMSNorm,
     TimeCondition,
-    rope_angles,
 )
 from embodyhpc.models.pi05.plan import TokenPlan, build_token_plan
 from embodyhpc.models.pi05.shapes import Pi05Shape
 from embodyhpc.models.pi05.vision import VisionTower
+from embodyhpc.models.rope import rope_angles
 
 TIME_BETA_ALPHA = 1.5  # t ~ Beta(1.5, 1): its CDF is t**1.5, so t = U**(1/1.5) by inversion
 TIME_MIN_PERIOD, TIME_MAX_PERIOD = 4e-3, 4.0  # sinusoidal time embedding periods
