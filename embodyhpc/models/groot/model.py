@@ -15,11 +15,10 @@ and padded batches compute the same function (tests/models/test_groot.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from embodyhpc.models.flow import FlowMatchingOutput, action_loss_mask, masked_flow_loss
 from embodyhpc.models.groot.backbone import EagleBackbone, RMSNorm
 from embodyhpc.models.groot.batch import GrootBatch
 from embodyhpc.models.groot.head import DiTContext, FlowMatchingHead
@@ -31,12 +30,6 @@ from embodyhpc.models.pi05.vision import VisionTower
 
 NOISE_S = 0.999
 BETA_ALPHA = 1.5  # Beta(1.5, 1): CDF u**1.5, so a draw is U ** (1 / 1.5)
-
-
-@dataclass(frozen=True)
-class FlowMatchingOutput:
-    loss: torch.Tensor
-    per_sample_loss: torch.Tensor  # [N]
 
 
 def sample_time(num_samples: int, *, generator: torch.Generator | None = None, device="cpu") -> torch.Tensor:
@@ -112,17 +105,11 @@ class GrootPolicy(nn.Module):
         velocity = self.action_head.velocity(context, self.padded_state(batch), noisy, self.timestep_bucket(time),
                                              batch.embodiment, ctx)
         mask = self.loss_mask(batch)
-        squared = (velocity - (actions - noise)).pow(2) * mask
-        per_sample = squared.sum((1, 2)) / mask.sum((1, 2)).clamp(min=1.0)
-        return FlowMatchingOutput(loss=per_sample.mean(), per_sample_loss=per_sample)
+        return masked_flow_loss(velocity, actions - noise, mask)
 
     def loss_mask(self, batch: GrootBatch) -> torch.Tensor:
-        mask = torch.ones_like(batch.actions, dtype=torch.float32)
-        if batch.action_is_pad is not None:
-            mask = mask * (~batch.action_is_pad.bool())[:, :, None]
-        if batch.action_dim_mask is not None:
-            mask = mask * batch.action_dim_mask.bool()[:, None, :]
-        return mask
+        """[N, H, A] float: 1 on the entries the loss counts."""
+        return action_loss_mask(batch.actions, batch.action_is_pad, batch.action_dim_mask)
 
     # ---- inference ----
     @torch.no_grad()

@@ -13,11 +13,11 @@ never attends to actions, so its keys and values are computed once and cached fo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from embodyhpc.models.flow import FlowMatchingOutput, action_loss_mask, masked_flow_loss
 from embodyhpc.models.init import Constant, Normal, Pieces, Rule, init_parameters, linear_like, owned
 from embodyhpc.models.pi05.batch import Pi05Batch
 from embodyhpc.models.pi05.layers import (
@@ -35,12 +35,6 @@ from embodyhpc.models.rope import rope_angles
 
 TIME_BETA_ALPHA = 1.5  # t ~ Beta(1.5, 1): its CDF is t**1.5, so t = U**(1/1.5) by inversion
 TIME_MIN_PERIOD, TIME_MAX_PERIOD = 4e-3, 4.0  # sinusoidal time embedding periods
-
-
-@dataclass(frozen=True)
-class FlowMatchingOutput:
-    loss: torch.Tensor  # scalar: mean of per_sample_loss
-    per_sample_loss: torch.Tensor  # [N]
 
 
 def sample_time(num_samples: int, *, generator: torch.Generator | None = None,
@@ -136,18 +130,11 @@ class Pi05Policy(nn.Module):
         noisy = t * noise + (1.0 - t) * actions
         velocity = self.predict_velocity(batch, noisy, time)
         mask = self.loss_mask(batch)
-        squared = (velocity - (noise - actions)).pow(2) * mask
-        per_sample = squared.sum((1, 2)) / mask.sum((1, 2)).clamp(min=1.0)
-        return FlowMatchingOutput(loss=per_sample.mean(), per_sample_loss=per_sample)
+        return masked_flow_loss(velocity, noise - actions, mask)
 
     def loss_mask(self, batch: Pi05Batch) -> torch.Tensor:
         """[N, H, A] float: 1 on the entries the loss counts."""
-        mask = torch.ones_like(batch.actions, dtype=torch.float32)
-        if batch.action_is_pad is not None:
-            mask = mask * (~batch.action_is_pad.bool())[:, :, None]
-        if batch.action_dim_mask is not None:
-            mask = mask * batch.action_dim_mask.bool()[:, None, :]
-        return mask
+        return action_loss_mask(batch.actions, batch.action_is_pad, batch.action_dim_mask)
 
     def predict_velocity(self, batch: Pi05Batch, noisy_actions: torch.Tensor, time: torch.Tensor, *,
                          plan: TokenPlan | None = None) -> torch.Tensor:
