@@ -42,12 +42,13 @@ def log_pyfunc_model(uri: str, run_id: str, *, name: str, python_model: Any, art
     from mlflow.models import Model
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri  # set for this call, then put back
 
-    from embodyhpc.tracking.mlflow_run import init_store
+    from embodyhpc.tracking.mlflow_run import CLI_HTTP_ENV, bounded_http, init_store
 
     init_store(uri)
     # Model.log with run_id logs into that run without starting or ending it (pyfunc.log_model would need an
-    # active run, whose end would change the training run's status)
-    with _use_tracking_uri(uri):
+    # active run, whose end would change the training run's status); an unreachable server costs seconds, not
+    # MLflow's default minutes of retries, at the end of a job
+    with bounded_http(CLI_HTTP_ENV), _use_tracking_uri(uri):
         info = Model.log(artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id,
                          python_model=python_model, artifacts=dict(artifacts),
                          signature=tensor_signature(inputs, outputs), pip_requirements=list(requirements),

@@ -66,8 +66,14 @@ def test_the_training_run_gets_its_export_as_a_logged_model_that_predicts(sqlite
     actions = loaded.predict(observation)
     assert actions.shape == (1, horizon, 4) and actions.dtype == np.float32 and np.isfinite(actions).all()
     np.testing.assert_array_equal(loaded.predict(observation), actions)  # seeded per row: reproducible
+    two = {key: np.concatenate([value, value]) for key, value in observation.items()}
+    assert loaded.predict(two).shape == (2, horizon, 4)  # one chunk per row, in one batch
     with pytest.raises(Exception, match="uint8"):  # the signature is enforced: images must be bytes
         loaded.predict({**observation, "observation.images.corner": observation["observation.images.corner"] * 0.5})
+    with pytest.raises(Exception, match="observation.images.corner"):  # a camera missing
+        loaded.predict({key: value for key, value in observation.items() if key != "observation.images.corner"})
+    with pytest.raises(Exception, match=r"same number of rows.*\[1, 2\]"):  # rows that do not line up
+        loaded.predict({**observation, "task": np.array(["reach", "push"], dtype=object)})
 
 
 def test_a_model_that_cannot_be_logged_is_a_warning(sqlite_uri, export, capsys, tmp_path):
@@ -79,3 +85,17 @@ def test_a_model_that_cannot_be_logged_is_a_warning(sqlite_uri, export, capsys, 
     assert log_training_model(sqlite_uri, run_id, out) is None
     assert "was not logged" in capsys.readouterr().err
     assert not mr.client(sqlite_uri).get_run(run_id).outputs.model_outputs
+
+
+def test_an_unreachable_server_is_a_quick_warning(export, capsys):
+    import socket
+    import time
+
+    out, _ = export
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    start = time.monotonic()
+    assert log_training_model(f"http://127.0.0.1:{port}", "0" * 32, out) is None
+    assert time.monotonic() - start < 30  # bounded retries, not MLflow's default minutes
+    assert "was not logged as an MLflow model" in capsys.readouterr().err
