@@ -99,3 +99,30 @@ def test_an_unreachable_server_is_a_quick_warning(export, capsys):
     assert log_training_model(f"http://127.0.0.1:{port}", "0" * 32, out) is None
     assert time.monotonic() - start < 30  # bounded retries, not MLflow's default minutes
     assert "was not logged as an MLflow model" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # the server takes 9-30 s to answer /health on a shared machine
+def test_through_a_real_server_the_model_and_its_signature_are_on_the_run(mlflow_server, export, monkeypatch):
+    import urllib.request
+
+    import mlflow.pyfunc
+
+    out, config = export
+    uri = mlflow_server
+    run_id = mr.create_run(uri, experiment="logged-model", run_name="train", status="RUNNING")
+    model_id = log_training_model(uri, run_id, out)
+    assert model_id
+    with urllib.request.urlopen(f"{uri}/api/2.0/mlflow/logged-models/{model_id}", timeout=30) as response:
+        model = json.loads(response.read())["model"]
+    assert model["info"]["name"] == MODEL_NAME and model["info"]["source_run_id"] == run_id
+    with urllib.request.urlopen(f"{uri}/api/2.0/mlflow/runs/get?run_id={run_id}", timeout=30) as response:
+        outputs = json.loads(response.read())["run"]["outputs"]["model_outputs"]
+    assert [o["model_id"] for o in outputs] == [model_id]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    loaded = mlflow.pyfunc.load_model(f"models:/{model_id}")  # artifacts through the server's proxy
+    [output] = loaded.metadata.get_output_schema().inputs
+    assert output.shape == (-1, config.model.action_horizon, 4)
+    rng = np.random.default_rng(1)
+    actions = loaded.predict({"observation.images.corner": rng.integers(0, 255, (1, 32, 32, 3), dtype=np.uint8),
+                              STATE: rng.random((1, 39), dtype=np.float32), "task": np.array(["push"], dtype=object)})
+    assert actions.shape == (1, config.model.action_horizon, 4) and np.isfinite(actions).all()
