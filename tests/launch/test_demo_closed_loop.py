@@ -68,6 +68,14 @@ def test_trained_policy_beats_random_with_non_overlapping_intervals(demo_run):
     assert io == {"cameras": ["corner"], "image_size": 32, "state_key": "observation.environment_state",
                   "action_dim": 4, "fps": 80}
     assert json.loads((run_dir / "export" / "normalization.json").read_text())["mode"] == "mean_std"
+    # ...and is the training run's logged model (tests/tracking/test_logged_model.py loads one and predicts)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    [output] = client.get_run(info["mlflow_run_id"]).outputs.model_outputs
+    logged = client.get_logged_model(output.model_id)
+    assert logged.name == "policy" and logged.source_run_id == info["mlflow_run_id"]
+    assert logged.tags["embodyhpc.export"] == str(run_dir / "export")
 
 
 def test_eval_ckpt_on_a_checkpoint_attaches_to_the_training_run(demo_run):
