@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_compiled_blocks_train_like_eager() -> None:
-    ranks = run_ranks(workers.compile_scenario, 2, timeout_s=420)
+    ranks = run_ranks(workers.compile_scenario, 2, timeout_s=900)  # inductor compiles: minutes on a busy 2-core machine
     eager, compiled = ranks[0]["eager"], ranks[0]["compiled"]
     assert compiled["plan"].compiled_units == compiled["plan"].ac_units == eager["plan"].ac_units
     assert len(compiled["plan"].compiled_units) == 4
