@@ -180,17 +180,20 @@ def test_the_run_status_follows_how_the_attempt_ended(tmp_path):
 
     closed = []
 
+    from types import SimpleNamespace
+
     class Sink:
-        def close(self, status):
-            closed.append(status)
+        def close(self, status, reason=None):
+            closed.append((status, reason))
 
     for exc, status in ((Requeued("requeued at step 7"), "RUNNING"), (Stopped("stopped at step 7"), "KILLED"),
                         (SystemExit(1), "FAILED")):
         tracking = object.__new__(observe.RunTracking)
         tracking.sampler, tracking.sink = None, Sink()
+        tracking.config = SimpleNamespace(data=SimpleNamespace(format="synthetic", root=None))  # no dataset input
         with pytest.raises(SystemExit), tracking.attempt():
             raise exc
-        assert closed.pop() == status
+        assert closed.pop() == (status, str(exc) or None)
 
 
 def test_under_nccl_the_stop_agreement_and_hostname_gather_run_on_a_gloo_side_group_of_every_rank():
