@@ -14,6 +14,17 @@ class FlowMatchingOutput:
     per_sample_loss: torch.Tensor  # [N]
 
 
+def training_actions(actions: torch.Tensor | None, action_horizon: int, action_dim: int) -> torch.Tensor:
+    """A training batch's actions as float32 [N, action_horizon, action_dim]; ValueError when it has none or another
+    shape (naming the recipe keys)."""
+    if actions is None:
+        raise ValueError("training needs batch.actions; use sample_actions for inference")
+    if tuple(actions.shape[1:]) != (action_horizon, action_dim):
+        raise ValueError(f"actions are {tuple(actions.shape[1:])} per sample, the model predicts "
+                         f"({action_horizon}, {action_dim}) (model.action_horizon, model.action_dim)")
+    return actions.float()
+
+
 def action_loss_mask(actions: torch.Tensor, action_is_pad: torch.Tensor | None,
                      action_dim_mask: torch.Tensor | None) -> torch.Tensor:
     """[N, H, A] float: 1 on the entries the loss counts (not a padded step [N, H], not a padded dimension [N, A])."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from embodyhpc.models.flow import FlowMatchingOutput, action_loss_mask, masked_flow_loss
+from embodyhpc.models.flow import FlowMatchingOutput, action_loss_mask, masked_flow_loss, training_actions
 from embodyhpc.models.groot.backbone import EagleBackbone, RMSNorm
 from embodyhpc.models.groot.batch import GrootBatch
 from embodyhpc.models.groot.head import DiTContext, FlowMatchingHead
@@ -86,12 +86,7 @@ class GrootPolicy(nn.Module):
     # ---- training ----
     def forward(self, batch: GrootBatch, *, noise: torch.Tensor | None = None, time: torch.Tensor | None = None,
                 generator: torch.Generator | None = None) -> FlowMatchingOutput:
-        if batch.actions is None:
-            raise ValueError("training needs batch.actions; use sample_actions for inference")
-        actions = batch.actions.float()
-        if actions.shape[1:] != (self.action_horizon, self.action_dim):
-            raise ValueError(f"actions are {tuple(actions.shape[1:])} per sample, the model predicts "
-                             f"({self.action_horizon}, {self.action_dim}) (model.action_horizon, model.action_dim)")
+        actions = training_actions(batch.actions, self.action_horizon, self.action_dim)
         device = actions.device
         if noise is None:
             gen_device = generator.device if generator is not None else device

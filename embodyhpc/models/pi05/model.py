@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from embodyhpc.models.flow import FlowMatchingOutput, action_loss_mask, masked_flow_loss
+from embodyhpc.models.flow import FlowMatchingOutput, action_loss_mask, masked_flow_loss, training_actions
 from embodyhpc.models.init import Constant, Normal, Pieces, Rule, init_parameters, linear_like, owned
 from embodyhpc.models.pi05.batch import Pi05Batch
 from embodyhpc.models.pi05.layers import (
@@ -114,12 +114,7 @@ class Pi05Policy(nn.Module):
     def forward(self, batch: Pi05Batch, *, noise: torch.Tensor | None = None, time: torch.Tensor | None = None,
                 generator: torch.Generator | None = None) -> FlowMatchingOutput:
         """The flow-matching loss of a batch with actions; noise and time are drawn unless given (tests)."""
-        if batch.actions is None:
-            raise ValueError("training needs batch.actions; use sample_actions for inference")
-        actions = batch.actions.float()
-        if actions.shape[1:] != (self.action_horizon, self.action_dim):
-            raise ValueError(f"actions are {tuple(actions.shape[1:])} per sample, the model predicts "
-                             f"({self.action_horizon}, {self.action_dim}) (model.action_horizon, model.action_dim)")
+        actions = training_actions(batch.actions, self.action_horizon, self.action_dim)
         device = actions.device
         if noise is None:
             noise = torch.randn(actions.shape, generator=generator,
