@@ -11,6 +11,11 @@ of their sample and every action token of their sample (the chunk is bidirection
 count as prefix tokens of the padding segment: they see only padding, so every softmax row stays finite and
 real tokens never see padding.
 
+A causal layout (`causal=True`, a decoder LLM such as GR00T's Qwen3 over packed samples) has prefix tokens only,
+queries = keys, and adds: a key is visible iff it is not later in its segment than the query (token order within
+the row). Varlen kernels get it as their own causal flag (each segment's queries and keys are the same tokens, so
+flash-attn's bottom-right alignment is the usual lower triangle).
+
 Queries and keys are described separately (`AttentionLayout`), which covers both training (queries = keys =
 the packed sequence) and cached inference (queries = the action tokens, keys = the cached prefix + the action
 tokens). Tokens of a sample need not be contiguous: the model concatenates its two streams (prefix, actions)
@@ -66,19 +71,40 @@ class AttentionLayout:
     q_is_prefix: torch.Tensor  # [B, Tq] bool (True for padding)
     k_segment_ids: torch.Tensor  # [B, Tk] int64
     k_is_prefix: torch.Tensor  # [B, Tk] bool
+    causal: bool = False  # within each segment, a query sees no later key (prefix-only self-attention)
 
     def __post_init__(self) -> None:
         if self.q_segment_ids.shape != self.q_is_prefix.shape or self.k_segment_ids.shape != self.k_is_prefix.shape:
             raise ValueError("segment ids and prefix flags must have the same shape on each side")
         if self.q_segment_ids.shape[0] != self.k_segment_ids.shape[0]:
             raise ValueError("queries and keys must have the same number of rows")
+        if self.causal and (self.q_segment_ids is not self.k_segment_ids or self.q_is_prefix is not self.k_is_prefix):
+            raise ValueError("a causal layout is a self-attention layout: build it with self_attention(causal=True)")
 
     @classmethod
-    def self_attention(cls, segment_ids: torch.Tensor, is_prefix: torch.Tensor) -> AttentionLayout:
-        """Queries and keys are the same tokens (training, and the prefix pass of inference)."""
+    def self_attention(cls, segment_ids: torch.Tensor, is_prefix: torch.Tensor, *,
+                       causal: bool = False) -> AttentionLayout:
+        """Queries and keys are the same tokens (training, and the prefix pass of inference). `causal`: a decoder's
+        mask within each segment; every token must then be a prefix token."""
         segment_ids = segment_ids.long()
         is_prefix = is_prefix | (segment_ids == PAD_SEGMENT)
-        return cls(segment_ids, is_prefix, segment_ids, is_prefix)
+        return cls(segment_ids, is_prefix, segment_ids, is_prefix, causal)
+
+    @classmethod
+    def causal_segments(cls, segment_ids: torch.Tensor) -> AttentionLayout:
+        """A decoder over packed samples: causal within each segment, nothing across segments."""
+        return cls.self_attention(segment_ids, torch.ones_like(segment_ids, dtype=torch.bool), causal=True)
+
+    @cached_property
+    def ranks(self) -> torch.Tensor:
+        """[B, T] int64: each token's index among the tokens of its segment in its row (causal layouts)."""
+        slots = self.q_segment_ids - PAD_SEGMENT
+        one_hot = F.one_hot(slots, int(slots.max()) + 1 if slots.numel() else 1)
+        return (one_hot.cumsum(1) * one_hot).sum(-1) - 1
+
+    def _check_causal(self) -> None:
+        if self.causal and not bool(self.q_is_prefix.all()):
+            raise ValueError("a causal layout has prefix tokens only (the prefix-LM's action tokens are bidirectional)")
 
     @classmethod
     def from_prefix_lengths(cls, segment_ids: torch.Tensor, position_ids: torch.Tensor,
@@ -118,9 +144,12 @@ class AttentionLayout:
     @cached_property
     def dense_mask(self) -> torch.Tensor:
         """[B, Tq, Tk] bool, True where the query may see the key."""
+        self._check_causal()
         same = self.q_segment_ids[:, :, None] == self.k_segment_ids[:, None, :]
         visible = self.k_is_prefix[:, None, :] | ~self.q_is_prefix[:, :, None]
         mask = same & visible
+        if self.causal:
+            mask = mask & (self.ranks[:, None, :] <= self.ranks[:, :, None])
         if not bool(mask.any(dim=-1).all()):
             raise ValueError("a query token has no visible key: its segment has no prefix key (or no key at all)")
         return mask
@@ -129,16 +158,20 @@ class AttentionLayout:
     def varlen_plan(self):  # -> attention_varlen.VarlenPlan (imported lazily: that module imports this one)
         from embodyhpc.models.attention_varlen import build_varlen_plan
 
+        self._check_causal()
         return build_varlen_plan(self)
 
     @cached_property
     def flex_block_mask(self):
         from torch.nn.attention.flex_attention import create_block_mask
 
+        self._check_causal()
         q_seg, q_pre, k_seg, k_pre = self.q_segment_ids, self.q_is_prefix, self.k_segment_ids, self.k_is_prefix
+        ranks = self.ranks if self.causal else None
 
         def mask_mod(b, h, q_idx, kv_idx):
-            return (q_seg[b, q_idx] == k_seg[b, kv_idx]) & (k_pre[b, kv_idx] | ~q_pre[b, q_idx])
+            visible = (q_seg[b, q_idx] == k_seg[b, kv_idx]) & (k_pre[b, kv_idx] | ~q_pre[b, q_idx])
+            return visible & (ranks[b, kv_idx] <= ranks[b, q_idx]) if ranks is not None else visible
 
         rows, num_q, num_k = self.shape
         return create_block_mask(mask_mod, rows, None, num_q, num_k, device=q_seg.device)

@@ -103,14 +103,17 @@ def _check_torch_varlen_inputs(query, key, value, cu_seq_q, cu_seq_k, max_q, max
     return q_lengths, k_lengths
 
 
-def _segments_sdpa(query, key, value, q_lengths, k_lengths, scale):
+def _segments_sdpa(query, key, value, q_lengths, k_lengths, scale, window_size=(-1, -1)):
+    assert tuple(window_size) in ((-1, -1), (-1, 0)), f"only full and causal windows are used, got {window_size}"
+    causal = tuple(window_size) == (-1, 0)  # torch 2.13's doc: (-1, 0) is causal attention
     group = query.shape[1] // key.shape[1]
     outputs = []
     for q_seg, k_seg, v_seg in zip(query.split(q_lengths), key.split(k_lengths), value.split(k_lengths),
                                    strict=True):
         k_seg, v_seg = (t.repeat_interleave(group, dim=1) for t in (k_seg, v_seg))
+        assert not causal or q_seg.shape[0] == k_seg.shape[0]
         out = F.scaled_dot_product_attention(*(t.float().transpose(0, 1)[None] for t in (q_seg, k_seg, v_seg)),
-                                             scale=scale)
+                                             scale=scale, is_causal=causal)
         outputs.append(out[0].transpose(0, 1).to(query.dtype))
     return torch.cat(outputs)
 
@@ -121,7 +124,7 @@ def varlen_attn_2_13(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, ret
     if not enable_gqa and query.size(1) != key.size(1):
         raise ValueError("Expect query and key/value to have the same number of heads; try enable_gqa=True")
     return _segments_sdpa(query, key, value, *_check_torch_varlen_inputs(query, key, value, cu_seq_q, cu_seq_k,
-                                                                         max_q, max_k), scale)
+                                                                         max_q, max_k), scale, window_size)
 
 
 def varlen_attn_before_gqa(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
@@ -130,7 +133,7 @@ def varlen_attn_before_gqa(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, 
     if query.size(1) != key.size(1):
         raise ValueError("Expect query and key/value to have the same number of heads")
     return _segments_sdpa(query, key, value, *_check_torch_varlen_inputs(query, key, value, cu_seq_q, cu_seq_k,
-                                                                         max_q, max_k), scale)
+                                                                         max_q, max_k), scale, window_size)
 
 
 @pytest.mark.parametrize("double", [varlen_attn_2_13, varlen_attn_before_gqa])
@@ -141,7 +144,7 @@ def test_torch_varlen_is_called_with_the_signature_the_installed_torch_has(flash
     from embodyhpc.models import attention_varlen
 
     monkeypatch.setattr(varlen, "varlen_attn", double)
-    attention_varlen._accepts_enable_gqa.cache_clear()
+    attention_varlen._accepts.cache_clear()
     layout, inputs, upstream = bf16_case(seed=3)
     assert_matches_reference(through("torch_varlen", layout, inputs, upstream), reference(layout, inputs, upstream))
 

@@ -81,6 +81,64 @@ def test_packed_rows_compute_what_per_sample_rows_compute(cfg, backend):
         torch.testing.assert_close(grad, grads[0], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["sdpa_reference", "sdpa_segments"])
+def test_the_llm_is_causal_within_each_packed_sample(cfg, backend):
+    """A later instruction token changes its own feature and nothing before it (the image tokens, earlier text)."""
+    torch.manual_seed(0)
+    model = build_model(dataclasses.replace(cfg, attention_backend=backend))
+    batch = make_batch().with_rows([[0, 1, 2], [3, 4]])
+    other = dataclasses.replace(batch, text_ids=batch.text_ids.clone())
+    other.text_ids[1, 29] = 300  # sample 1's last token (30 tokens)
+    features = []
+    for b in (batch, other):
+        plan = model.plan(b)
+        llm = plan.llm_layout.prepare(backend)
+        with torch.no_grad():
+            features.append(model.backbone(b.images, b.text_ids, plan, llm))
+    changed = (features[0] - features[1]).abs().amax(-1) > 1e-6  # [R, T]
+    image = 2 * model.shape.vision.num_patches
+    start = image + len(TEXTS[0])  # sample 1 follows sample 0 in row 0
+    assert changed[0].nonzero().flatten().tolist() == [start + image + 29]
+    assert not changed[1].any()
+
+
+def test_the_tiny_groot_trains_through_the_flash_seam(cfg, monkeypatch):
+    """Every attention of the model (LLM causal, VL adapter, DiT cross-attention) reaches flash-attn 2.8.3's
+    varlen function (tests/doubles/flash_attn) in bf16, with backward; the loss matches sdpa_reference."""
+    from embodyhpc.models import attention
+    from tests.helpers import DOUBLES, drop_modules
+
+    monkeypatch.syspath_prepend(str(DOUBLES))
+    drop_modules("flash_attn")
+    attention._flash_attn_installed.cache_clear()
+    import flash_attn
+
+    real_reason = attention.backend_unavailable_reason
+    monkeypatch.setattr(attention, "backend_unavailable_reason",
+                        lambda name, device_type, dtype=None: None if name == "flash_varlen"
+                        else real_reason(name, device_type, dtype))
+    batch = make_batch().with_rows([[0, 2, 4], [1, 3]])
+    noise, time = torch.randn(5, HORIZON, ACTION_DIM), torch.rand(5)
+    losses = {}
+    try:
+        flash_attn.CALLS.clear()
+        for backend in ("sdpa_reference", "flash_varlen"):
+            torch.manual_seed(0)
+            model = build_model(dataclasses.replace(cfg, options={"tune_llm": True})).to(torch.bfloat16)
+            model.attention_backend = backend
+            loss = model(batch, noise=noise, time=time).loss
+            loss.backward()
+            assert model.backbone.layers[0].self_attn.q_proj.weight.grad is not None
+            losses[backend] = loss.item()
+        causal = [call for call in flash_attn.CALLS if call["causal"]]
+        assert len(causal) == model.shape.llm.depth  # one causal call per LLM layer
+        assert len(flash_attn.CALLS) > len(causal)  # the VL adapter and cross-attention calls, not causal
+    finally:
+        drop_modules("flash_attn")
+        attention._flash_attn_installed.cache_clear()
+    assert losses["flash_varlen"] == pytest.approx(losses["sdpa_reference"], rel=3e-2)
+
+
 def test_a_sample_sees_nothing_of_its_row_neighbours(model):
     batch = make_batch().with_rows([[0, 1, 2], [3, 4]])
     other = dataclasses.replace(batch, images=batch.images.clone(), text_ids=batch.text_ids.clone())

@@ -4,7 +4,9 @@ after `llm.depth` layers whose final RMSNorm output feeds the action head (froze
 The vision tower is the SigLIP-style tower pi0.5 uses (models/pi05/vision.py: patch embedding, learned positions,
 pre-LN blocks, post-LN; pixels mapped to [-1, 1], i.e. mean = std = 0.5; no pooling head).
 The LLM runs on the VLM tokens in the packer's rows (plan.py), causal within each sample (Qwen3 is a causal LM;
-the sample's image tokens come first, then its instruction), with RoPE positions restarting per sample.
+the sample's image tokens come first, then its instruction), with RoPE positions restarting per sample; its
+attention goes through the attention backend seam (models/attention.py, a causal layout: flash-attn's varlen
+kernel with causal=True on GPU), as every other attention of both model families.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embodyhpc.models.attention import PreparedAttention, attend
 from embodyhpc.models.groot.plan import GrootPlan
 from embodyhpc.models.groot.shapes import GrootShape, LlmShape
 from embodyhpc.models.pi05.vision import VisionTower
@@ -43,13 +46,11 @@ class QwenAttention(nn.Module):
         self.q_norm = RMSNorm(shape.head_dim, shape.norm_eps)  # Qwen3: per-head norms on queries and keys
         self.k_norm = RMSNorm(shape.head_dim, shape.norm_eps)
 
-    def forward(self, x: torch.Tensor, angles, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, angles, prepared: PreparedAttention) -> torch.Tensor:
         q = apply_rope(self.q_norm(self.q_proj(x).unflatten(-1, (self.heads, self.head_dim))), angles)
         k = apply_rope(self.k_norm(self.k_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))), angles)
         v = self.v_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
-                                             enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).flatten(2))
+        return self.o_proj(attend(q, k, v, prepared=prepared).flatten(2))
 
 
 class QwenMLP(nn.Module):
@@ -71,8 +72,8 @@ class QwenLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(shape.width, shape.norm_eps)
         self.mlp = QwenMLP(shape.width, shape.mlp_dim)
 
-    def forward(self, x: torch.Tensor, angles, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), angles, mask)
+    def forward(self, x: torch.Tensor, angles, prepared: PreparedAttention) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), angles, prepared)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -86,16 +87,16 @@ class EagleBackbone(nn.Module):
         self.layers = nn.ModuleList(QwenLayer(shape.llm) for _ in range(shape.llm.depth))
         self.norm = RMSNorm(shape.llm.width, shape.llm.norm_eps)
 
-    def forward(self, images: torch.Tensor, text_ids: torch.Tensor, plan: GrootPlan) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, text_ids: torch.Tensor, plan: GrootPlan,
+                llm: PreparedAttention) -> torch.Tensor:
         """images [N, C, 3, H, W] in [0, 1], text_ids [N, L] -> VLM features [R, T, llm width] in the plan's rows
-        (zeros where a row is padded)."""
+        (zeros where a row is padded); `llm`: plan.llm_layout prepared for this pass."""
         dtype = self.projector.weight.dtype
         patches = self.projector(self.vision(images.flatten(0, 1).to(dtype)))  # [N*C, P, width]
         text = self.embed_tokens(text_ids).flatten(0, 1).to(patches.dtype)
         source = torch.cat([patches.flatten(0, 1), text, patches.new_zeros(1, patches.shape[-1])])
         x = source[plan.vl_source]
         angles = rope_angles(plan.vl_positions, self.shape.llm.head_dim, self.shape.llm.rope_base)
-        mask = plan.causal_mask
         for layer in self.layers:
-            x = layer(x, angles, mask)
+            x = layer(x, angles, llm)
         return self.norm(x) * (plan.vl_segments >= 0)[..., None].to(x.dtype)

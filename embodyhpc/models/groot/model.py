@@ -10,7 +10,8 @@ GR00T-N1.5); the VLM features are computed once per chunk.
 
 Unlike the published code, attention never crosses samples: the LLM is causal within each sample, the VL adapter
 and the DiT's cross-attention see only their own sample's tokens (padding excluded), which is what makes packed
-and padded batches compute the same function (tests/models/test_groot.py).
+and padded batches compute the same function (tests/models/test_groot.py). All three go through the attention
+backend seam (models/attention.py), planned once per pass here.
 """
 
 from __future__ import annotations
@@ -141,8 +142,11 @@ class GrootPolicy(nn.Module):
         """The DiT's context (VLM features through the VL adapter, [R, T + 1, width]) and its cross-attention plan;
         the frozen backbone runs without autograd."""
         dtype, needs_grad = self.action_head.vlln.weight.dtype, torch.is_grad_enabled()
-        with torch.set_grad_enabled(needs_grad and not self.backbone_frozen):
-            features = self.backbone(batch.images, batch.text_ids, plan)
+        backbone_grad = needs_grad and not self.backbone_frozen
+        llm = plan.llm_layout.prepare(self.attention_backend, dtype=self.backbone.projector.weight.dtype,
+                                      needs_grad=backbone_grad)
+        with torch.set_grad_enabled(backbone_grad):
+            features = self.backbone(batch.images, batch.text_ids, plan, llm)
         vl = plan.vl_layout.prepare(self.attention_backend, dtype=dtype, needs_grad=needs_grad)
         cross = plan.cross_layout.prepare(self.attention_backend, dtype=dtype, needs_grad=needs_grad)
         context = self.action_head.encode_vl(features, vl)

@@ -36,11 +36,9 @@ class GrootPlan:
     q_segments: torch.Tensor  # [R, Tq]
 
     @cached_property
-    def causal_mask(self) -> torch.Tensor:
-        """[R, 1, T, T] bool: the LLM's mask, causal within each sample (padding sees padding)."""
-        seg, pos = self.vl_segments, self.vl_positions
-        same = seg[:, :, None] == seg[:, None, :]
-        return (same & (pos[:, None, :] <= pos[:, :, None]))[:, None]
+    def llm_layout(self) -> AttentionLayout:
+        """The LLM: causal within each sample (a sample's tokens are contiguous and in order in its row)."""
+        return AttentionLayout.causal_segments(self.vl_segments)
 
     @cached_property
     def vl_layout(self) -> AttentionLayout:

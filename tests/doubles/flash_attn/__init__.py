@@ -5,7 +5,8 @@ k and v [total_k, Hkv, D] (Hkv divides Hq: MQA/GQA by fewer key/value heads), cu
 cumulative lengths, max_seqlen_q/k the longest segments, softmax_scale default D**-0.5, fp16/bf16 only, head dim
 a multiple of 8 up to 256. The double checks what the real kernel would receive: int32 cu_seqlens starting at 0,
 non-decreasing, ending at the token totals, as many segments for q as for k, max_seqlen equal to the longest
-segment, dtypes and shapes; then computes each segment with SDPA in float32 (differentiable, so backward works)
+segment, dtypes and shapes; then computes each segment with SDPA in float32 (`causal` aligned to the bottom right
+of each segment, as flash-attn 2.1+ does) (differentiable, so backward works)
 and records each call in CALLS.
 """
 
@@ -49,7 +50,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     outputs = []
     for q_seg, k_seg, v_seg in zip(q.split(q_lengths), k.split(k_lengths), v.split(k_lengths), strict=True):
         k_seg, v_seg = (t.repeat_interleave(group, dim=1) for t in (k_seg, v_seg))
+        mask = None
+        if causal:  # flash-attn 2.1+: the causal mask is aligned to the bottom right of the segment
+            shift = k_seg.shape[0] - q_seg.shape[0]
+            mask = torch.arange(k_seg.shape[0])[None, :] <= torch.arange(q_seg.shape[0])[:, None] + shift
         out = F.scaled_dot_product_attention(*(t.float().transpose(0, 1)[None] for t in (q_seg, k_seg, v_seg)),
-                                             is_causal=causal, scale=softmax_scale)
+                                             attn_mask=mask, scale=softmax_scale)
         outputs.append(out[0].transpose(0, 1).to(q.dtype))
     return torch.cat(outputs)
