@@ -1,8 +1,8 @@
 """The prefix-LM mask as two unmasked variable-length attention calls, for kernels that only know segments.
 
 Varlen kernels (flash-attn, torch's varlen_attn) attend fully (or causally) within each segment of a flattened
-token stream, with separate segment boundaries for queries and keys. The prefix-LM mask of attention.py splits into two such
-calls per segment:
+token stream, with separate segment boundaries for queries and keys. The prefix-LM mask of attention.py splits
+into two such calls per segment:
   1. prefix queries over the prefix keys of their segment;
   2. action queries over all keys of their segment.
 A plan gathers the query and key tokens of each call into segment-major order (tokens of a segment contiguous,

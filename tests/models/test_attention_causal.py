@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from embodyhpc.models.attention import PAD_SEGMENT, AttentionLayout, PreparedAttention, attend
-from tests.models.test_attention_seams import flash_double  # noqa: F401  (fixture)
-from tests.models.test_attention_seams import varlen_attn_2_13
+from tests.models.test_attention_seams import flash_double, varlen_attn_2_13  # noqa: F401  (a fixture)
 
 LENGTHS = [[5, 1, 7], [9], [3, 2, 4, 6]]  # samples per row; rows padded to the longest (+2)
 HEADS, KV_HEADS, DIM = 4, 2, 8
