@@ -45,7 +45,7 @@ def test_fp8_takes_the_block_linears_and_leaves_norms_heads_and_projections():
     model = build_model(CFG)
     keep = fp8_filter_for(model)
     chosen = {name for name, module in model.named_modules() if keep(module, name)}
-    assert "action_head.model.transformer_blocks.0.attn1.to_k" in chosen  # cross: 128-d VLM keys -> 96
+    assert "action_head.model.transformer_blocks.0.attn1.to_k" in chosen  # cross: 128-d VLM keys -> the DiT width
     assert "action_head.model.transformer_blocks.1.ff.net.0.proj" in chosen
     assert "action_head.vl_self_attention.transformer_blocks.0.attn1.to_out.0" in chosen
     assert "backbone.layers.0.self_attn.q_proj" in chosen and "backbone.vision.blocks.1.fc2" in chosen

@@ -93,8 +93,9 @@ def test_foreign_or_incomplete_checkpoints_are_refused_in_one_line(edit, match):
 
 def test_another_action_dim_is_refused_with_the_recipe_key():
     other = dataclasses.replace(CFG, action_dim=8)
-    with pytest.raises(WeightsLayoutError, match=r"action_head.action_encoder.W1.W: model \[32, 4, 96\] vs checkpoint "
-                                                 r"\[32, 8, 96\] \(set model.action_dim") as caught:
+    width = model(7).shape.head.dit_width
+    with pytest.raises(WeightsLayoutError, match=rf"action_head.action_encoder.W1.W: model \[32, 4, {width}\] vs "
+                                                 rf"checkpoint \[32, 8, {width}\] \(set model.action_dim") as caught:
         load_groot_weights(model(7), to_published(model(7, other).state_dict(), model(7).shape))
     assert "\n" not in str(caught.value)
 
