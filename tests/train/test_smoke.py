@@ -107,8 +107,13 @@ def test_smoke_of_a_groot_recipe_trains_groot_on_every_cpu_row(cli) -> None:
     result = cli("smoke", GROOT, "--steps", "5", "--json")
     assert result.code == 0, result.err
     _check_cpu_report(json.loads(result.out), "groot", "tiny", "GrootPolicy")
-    table = cli("smoke", GROOT, "--steps", "4")  # the table says what ran, too
-    assert table.code == 0 and table.out.startswith("embodyhpc smoke of groot tiny on CPU only"), table.out
+
+
+def test_the_table_says_which_model_and_size_ran() -> None:
+    row = smoke.SmokeRow(smoke.CPU_PATHS[0], "passed", first_loss=2.0, last_loss=1.5, model="GrootPolicy")
+    report = smoke.SmokeReport([row], device="CPU only", model="groot", size="tiny")
+    assert smoke.format_report(report).startswith("embodyhpc smoke of groot tiny on CPU only\n")
+    assert report.as_dict()["model"] == "groot" and report.as_dict()["rows"][0]["model"] == "GrootPolicy"
 
 
 def test_a_groot_row_trains_groot_on_its_packed_batch() -> None:
