@@ -99,7 +99,15 @@ def smoke_model(name: str, size: str, *, where: str | None = None):
                           where=where, key="model.name",
                           fix=f"smoke a recipe whose model has one, or give the {name} plug-in's ModelSpec a smoke "
                               "entry (models/protocol.SmokeModel)")
-    entry = spec.load("smoke")
+    try:
+        entry = spec.load("smoke")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"the {name} plug-in's smoke entry {spec.smoke!r} cannot be imported: {exc}",
+                          where=where, key="model.name", fix="name a \"module:attr\" that exists") from None
+    missing = [attr for attr in ("sizes", "other_sizes", "config", "fixed_batch") if not hasattr(entry, attr)]
+    if missing:
+        raise ConfigError(f"the {name} plug-in's smoke entry lacks {', '.join(missing)} (models/protocol.SmokeModel)",
+                          where=where, key="model.name", fix="give it every attribute SmokeModel names")
     if size not in entry.sizes:
         sizes = " or ".join(f"--size {s}" for s in entry.sizes)
         raise ConfigError(f"the {name} model smokes size {' or '.join(entry.sizes)}, not {size!r}: "

@@ -146,7 +146,8 @@ def test_smoke_refuses_bad_options(cli) -> None:
 
 @pytest.mark.parametrize(("recipe", "size", "fix"), [
     (GROOT, "full", "use --size tiny"), (GROOT, "small", "use --size tiny"), (GROOT, "huge", "use --size tiny"),
-    (GROOT, "", "use --size tiny"), (None, "full", "use --size tiny or --size small"),
+    (GROOT, "", "use --size tiny"), (GROOT, "tiny; touch pwned", "use --size tiny"),
+    (None, "full", "use --size tiny or --size small"), (None, "small\ntiny", "use --size tiny or --size small"),
     ("smoke_cpu", "Tiny", "use --size tiny or --size small")])
 def test_a_size_the_model_does_not_smoke_is_refused_naming_the_model(cli, runs_root, recipe, size, fix) -> None:
     model = "groot" if recipe == GROOT else "pi05"
@@ -177,6 +178,19 @@ def test_a_model_without_a_smoke_entry_is_refused_naming_it(cli, runs_root, monk
         assert list(runs_root.iterdir()) == []
     with pytest.raises(ConfigError, match="the mlp model has no smoke entry"):  # the job refuses it too
         smoke.run_smoke(None, model="mlp", steps=4)
+
+
+@pytest.mark.parametrize(("entry", "says"), [
+    ("tests.no_such_module:SMOKE", "cannot be imported"), ("embodyhpc.models.pi05.smoke:NO_SUCH", "cannot be imported"),
+    (object(), "lacks sizes, other_sizes, config, fixed_batch")])
+def test_a_broken_smoke_entry_is_refused_naming_the_plugin(cli, monkeypatch, entry, says) -> None:
+    import dataclasses
+
+    from tests.plugins.mlp_policy import SPEC as MLP
+
+    monkeypatch.setattr(spec, "_REGISTRY", dict(spec._REGISTRY))
+    spec.register_model(dataclasses.replace(MLP, smoke=entry))
+    one_line_error(cli("smoke", "smoke_cpu", "model.name=mlp"), "model.name", "the mlp plug-in's smoke entry", says)
 
 
 def test_the_size_help_names_each_shipped_models_smoke_sizes() -> None:
