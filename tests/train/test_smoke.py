@@ -210,3 +210,24 @@ def test_smoke_on_a_gpu_node_passes_every_row_that_runs(cli) -> None:
     report = json.loads(result.out)
     assert result.code == 0 and report["ok"], [r for r in report["rows"] if r["status"] == "failed"]
     assert any(row["status"] == "passed" and row["path"]["device"] == "cuda" for row in report["rows"])
+
+
+def test_the_smoke_job_smokes_the_model_its_request_names_else_its_recipes(tmp_path, monkeypatch) -> None:
+    """embodyhpc.launch.smoke (what `smoke --submit` runs): the model comes from smoke-request.json, the recipe's
+    model.name when an older request lacks it; a model or size it cannot smoke fails the job before any row."""
+    from embodyhpc.config.load import load_recipe
+    from embodyhpc.launch.smoke import smoke_task
+    from embodyhpc.rundir import RESOLVED_YAML, SMOKE_FILE, SMOKE_REQUEST_FILE
+    from tests.plugins.mlp_policy import SPEC as MLP
+
+    monkeypatch.setattr(spec, "_REGISTRY", dict(spec._REGISTRY))
+    spec.register_model(MLP)
+    (tmp_path / RESOLVED_YAML).write_text(load_recipe(GROOT).to_yaml())
+    request = tmp_path / SMOKE_REQUEST_FILE
+    for body, says in (({"steps": 4, "size": "full"}, "the groot model smokes size tiny, not 'full'"),
+                       ({"model": "pi05", "steps": 4, "size": "full"}, "the pi05 model smokes size tiny or small"),
+                       ({"model": "mlp", "steps": 4, "size": "tiny"}, "the mlp model has no smoke entry")):
+        request.write_text(json.dumps(body))
+        with pytest.raises(ConfigError, match=says):
+            smoke_task(str(tmp_path))
+        assert not (tmp_path / SMOKE_FILE).exists()
