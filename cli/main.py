@@ -231,7 +231,8 @@ def eval_cmd(
 
 @app.command(short_help="Train a few steps through every GPU path of this node.")
 def smoke(
-    recipe: Annotated[str | None, typer.Argument(help="Recipe whose attention, precision and compile settings to "
+    recipe: Annotated[str | None, typer.Argument(help="Recipe whose model (model.name; pi05 without a recipe) "
+                                                    "to smoke, whose attention, precision and compile settings to "
                                                     "mark in the table (and, with --submit, whose site and "
                                                     "resources the job uses).")] = None,
     overrides: Overrides = None,
@@ -240,36 +241,39 @@ def smoke(
     submit_job: Annotated[bool, typer.Option("--submit", help="Run it as a one-node job through the site "
                                              "profile instead of here.")] = False,
     steps: Annotated[int, typer.Option(help="Training steps per path.")] = 20,
-    size: Annotated[str, typer.Option(help="pi0.5 size: tiny or small.")] = "tiny",
+    size: Annotated[str, typer.Option(help="The model's size to smoke, one its spec's smoke entry lists (pi05 tiny "
+                                      "or small, groot tiny).")] = "tiny",
 ) -> None:
-    """Train a few steps on this node through every GPU path the install offers: the first thing to run on a new
-    cluster (without a GPU: the CPU references, every GPU row skipped with its reason)."""
+    """Train a few steps of the recipe's model (pi0.5 without a recipe) on this node through every GPU path the
+    install offers: the first thing to run on a new cluster (without a GPU: the CPU references, every GPU row
+    skipped with its reason)."""
     from embodyhpc.errors import RunFailure, UserError
 
-    if size not in ("tiny", "small"):
-        raise UserError(f"unknown smoke size {size!r}", key="--size", fix="use --size tiny or --size small")
     if steps < 4:
         raise UserError(f"--steps {steps} is too few to see the loss fall", key="--steps", fix="use --steps 4 or more")
     loaded = _load(recipe, overrides, site) if recipe else None
+    model = loaded.config.model.name if loaded else "pi05"
+    from embodyhpc.train.smoke import smoke_model
+
+    smoke_model(model, size, where=loaded.recipe if loaded else None)  # refused before anything is submitted
     if submit_job:
         if loaded is None:
             raise UserError("--submit needs a recipe (its site profile and resources shape the job)", key="--submit",
                             fix="embodyhpc smoke RECIPE --site SITE --submit")
         from embodyhpc import submit as submitting
 
-        info = submitting.submit_smoke(loaded, _python(loaded), steps=steps, size=size,
+        info = submitting.submit_smoke(loaded, _python(loaded), model=model, steps=steps, size=size,
                                        progress=lambda msg: typer.echo(msg, err=as_json))
         typer.echo(f"  embodyhpc logs {info.run_dir} --job smoke -f    (the table; smoke.json when done)")
         return
     from embodyhpc.train.smoke import format_report, run_smoke
 
-    report = run_smoke(loaded.config if loaded else None, steps=steps, size=size,
+    report = run_smoke(loaded.config if loaded else None, model=model, steps=steps, size=size,
                        progress=lambda row: typer.echo(f"{row.path.name}: {row.status}", err=True))
     if as_json:
         import json
 
-        typer.echo(json.dumps({"device": report.device, "ok": report.ok,
-                               "rows": [row.as_dict() for row in report.rows]}, indent=2))
+        typer.echo(json.dumps(report.as_dict(), indent=2))
     else:
         typer.echo(format_report(report), nl=False)
     if not report.ok:

@@ -235,8 +235,10 @@ class _ProgressPoller:
                     return
 
 
-def submit_smoke(loaded: LoadedRecipe, python: str, *, steps: int, size: str, progress: Progress = print) -> RunInfo:
-    """`embodyhpc smoke --submit`: a run directory holding the recipe and one smoke job on one node."""
+def submit_smoke(loaded: LoadedRecipe, python: str, *, model: str, steps: int, size: str,
+                 progress: Progress = print) -> RunInfo:
+    """`embodyhpc smoke --submit`: a run directory holding the recipe and one smoke job on one node, which smokes
+    `model` (the recipe's model.name) at `size` (smoke-request.json says both)."""
     from embodyhpc.errors import UserError
     from embodyhpc.orchestrate.api import start_run
     from embodyhpc.orchestrate.api import submit_smoke as submit_job
@@ -253,7 +255,7 @@ def submit_smoke(loaded: LoadedRecipe, python: str, *, steps: int, size: str, pr
     job = loaded.config.job
     run_dir = new_run_dir(job.runs_root, job.experiment, f"smoke-{job.name}")
     info = start_run(loaded, run_dir, backend="slurm", python=python, mlflow_run_id=None)
-    write_json_atomic(run_dir / SMOKE_REQUEST_FILE, {"steps": steps, "size": size})
+    write_json_atomic(run_dir / SMOKE_REQUEST_FILE, {"model": model, "steps": steps, "size": size})
     record = submit_job(loaded, run_dir, info)
     progress(f"submitted smoke: job {record.job_id}; run directory: {run_dir}")
     return info

@@ -1,5 +1,6 @@
-"""The job `embodyhpc smoke --submit` runs on one node: the smoke table for that node (embodyhpc.train.smoke),
-written to <run>/smoke.json and printed to the job's log; the job fails when a row that ran failed."""
+"""The job `embodyhpc smoke --submit` runs on one node: the smoke table for that node (embodyhpc.train.smoke) of the
+model and size smoke-request.json names, written to <run>/smoke.json and printed to the job's log; the job fails
+when a row that ran failed."""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ def smoke_task(run_dir: str) -> dict:
 
     folder = Path(run_dir)
     request = json.loads((folder / SMOKE_REQUEST_FILE).read_text()) if (folder / SMOKE_REQUEST_FILE).is_file() else {}
-    report = run_smoke(load_resolved(run_dir), steps=int(request.get("steps", 20)),
-                       size=str(request.get("size", "tiny")),
+    config = load_resolved(run_dir)
+    report = run_smoke(config, model=str(request.get("model", config.model.name)),
+                       steps=int(request.get("steps", 20)), size=str(request.get("size", "tiny")),
                        progress=lambda row: print(f"{row.path.name}: {row.status} {row.reason or ''}", flush=True))
-    result = {"device": report.device, "ok": report.ok, "rows": [row.as_dict() for row in report.rows]}
-    write_json_atomic(folder / SMOKE_FILE, result)
+    write_json_atomic(folder / SMOKE_FILE, report.as_dict())
     print(format_report(report), flush=True)
     if not report.ok:
         failed = [row.path.name for row in report.rows if row.status == "failed"]
         raise SmokeFailed(f"smoke failed on {report.device}: {', '.join(failed) or 'no path ran'}")
-    return {"ok": True, "device": report.device}
+    return {"ok": True, "device": report.device, "model": report.model, "size": report.size}

@@ -7,7 +7,8 @@ Who calls what:
   (how each parameter is filled after a meta-device build: embodyhpc/models/init.py), and optionally
   `fsdp_forward_methods()` (methods besides forward that run the sharded model, e.g. sampling);
 - the checkpointer and exports: `state_dict()` / `load_state_dict()` (plain nn.Module);
-- evaluation: the spec's `inference` class wraps the model and implements EvalPolicy.
+- evaluation: the spec's `inference` class wraps the model and implements EvalPolicy;
+- `embodyhpc smoke`: the spec's `smoke` object implements SmokeModel.
 
 Every torch.nn.Module that adds fsdp_units, init_rules and init_weights satisfies TrainablePolicy.
 """
@@ -60,3 +61,23 @@ class EvalPolicy(Protocol):
     def reset(self, task: str, seed: int) -> None: ...
 
     def act(self, obs: Mapping[str, Any]) -> np.ndarray: ...
+
+
+class SmokeModel(Protocol):
+    """What `embodyhpc smoke` (train/smoke.py) trains of a model: built from `config(...)` with the spec's `build`,
+    then `steps` times micro_batch_step(model, batch, precision, noise=noise, time=flow_time) on one fixed batch
+    (so the loss must fall). Its module imports no torch at load (--size is checked with `sizes` first)."""
+
+    sizes: tuple[str, ...]
+    """The model.size values smoke trains (small enough for tens of steps on one GPU)."""
+    other_sizes: str
+    """Why the model's other sizes are not smoked: the --size error says it."""
+
+    def config(self, size: str, attention_backend: str) -> Any:
+        """The config.schema.ModelConfig smoke builds at `size` with `attention_backend`."""
+        ...
+
+    def fixed_batch(self, model_cfg: Any, rank: int) -> tuple[Any, torch.Tensor, torch.Tensor, int]:
+        """(a packed batch with `.to(device)`, its noise, its flow times, the tokens it puts through the model),
+        seeded by `rank`: the same every call."""
+        ...

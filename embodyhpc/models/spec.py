@@ -16,7 +16,8 @@ Who calls what (the typed side is embodyhpc/models/protocol.py):
   sliced, per-rank read is embodyhpc/checkpoint/sliced_weights.py, since models/ never imports torch.distributed);
 - embodyhpc/parallel: the built model's `fsdp_units()` and `init_rules()` (the model declares, parallel/ applies);
 - the checkpointer and exports: the model's state_dict; `check_fits` builds the model on meta to compare shapes;
-- evaluation (eval/trained.py): `inference`, a class built from the loaded model that acts in a suite.
+- evaluation (eval/trained.py): `inference`, a class built from the loaded model that acts in a suite;
+- `embodyhpc smoke` (train/smoke.py): `smoke`, the model config and fixed batch it trains on every GPU path.
 
 pi0.5's options stay where existing recipes put them (model.size, model.tokenizer_path, ... directly under
 `model`); a plug-in's own options live under `model.options` and its spec's `options` dataclass refuses unknown
@@ -68,6 +69,10 @@ class ModelSpec:
     weights: Any = None
     """A published-weights adapter (checkpoint/sliced_weights.WeightsAdapter) for model.init_weights from a
     published checkpoint; None: model.init_weights reads embodyhpc exports only."""
+    smoke: Any = None
+    """What `embodyhpc smoke` trains (models/protocol.SmokeModel): the sizes it smokes, the model config at a size
+    and a fixed packed batch per rank; None: the model has no smoke (the command refuses it). Its module must not
+    import torch at load: the command checks --size with it before anything heavy."""
 
     def load(self, field: str) -> Any:
         """The callable named by `field`, imported on first use."""

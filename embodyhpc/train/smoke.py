@@ -1,8 +1,10 @@
 """`embodyhpc smoke`: a short training on this node for every GPU path the install offers, one row each.
 
-The first thing to run on a new cluster's first GPU node: tens of steps of the tiny (or small) pi0.5 on a fixed
-packed batch, through the code training uses (build on meta, parallelize: AC / compile / FSDP2, materialize, the
-loop's micro_batch_step with its FP8 context, the FP8 GEMM counter), once per path:
+The first thing to run on a new cluster's first GPU node: tens of steps of a small model (the recipe's model.name,
+pi0.5 without a recipe; the `smoke` entry of its spec, models/protocol.SmokeModel, gives the sizes it smokes, the
+model config at a size and a fixed packed batch per rank) through the code training uses (build on meta,
+parallelize: AC / compile / FSDP2, materialize, the loop's micro_batch_step with its FP8 context, the FP8 GEMM
+counter), once per path:
 - attention backends: sdpa (the reference), flash varlen, torch varlen, flex;
 - precision: bf16, transformer-engine FP8 with each recipe (current, delayed, block), torchao FP8;
 - compile on, and compile with CUDA graphs;
@@ -57,6 +59,8 @@ class SmokeRow:
     peak_memory_bytes: int | None = None
     fp8_gemms: float | None = None
     seconds: float | None = None
+    model: str | None = None
+    """The class the row's process built and trained (e.g. Pi05Policy, GrootPolicy)."""
     recipe: bool = False
     """The row matches the recipe's own attention, precision and compile settings."""
 
@@ -68,10 +72,47 @@ class SmokeRow:
 class SmokeReport:
     rows: list[SmokeRow] = field(default_factory=list)
     device: str = ""
+    model: str = ""
+    """model.name of what was smoked."""
+    size: str = ""
 
     @property
     def ok(self) -> bool:
         return all(row.status != "failed" for row in self.rows) and any(row.status == "passed" for row in self.rows)
+
+    def as_dict(self) -> dict:
+        """smoke.json and `embodyhpc smoke --json`."""
+        return {"model": self.model, "size": self.size, "device": self.device, "ok": self.ok,
+                "rows": [row.as_dict() for row in self.rows]}
+
+
+def smoke_model(name: str, size: str, *, where: str | None = None):
+    """The spec's smoke entry (models/protocol.SmokeModel) of model `name`, checked to smoke `size`; a one-line
+    ConfigError (exit 2) for a model without one (`where`: the recipe that names it) or a size it does not smoke.
+    Imports no torch."""
+    from embodyhpc.errors import ConfigError
+    from embodyhpc.models import model_spec
+
+    spec = model_spec(name)
+    if spec.smoke is None:
+        raise ConfigError(f"the {name} model has no smoke entry (its ModelSpec's `smoke` is unset)",
+                          where=where, key="model.name",
+                          fix=f"smoke a recipe whose model has one, or give the {name} plug-in's ModelSpec a smoke "
+                              "entry (models/protocol.SmokeModel)")
+    try:
+        entry = spec.load("smoke")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"the {name} plug-in's smoke entry {spec.smoke!r} cannot be imported: {exc}",
+                          where=where, key="model.name", fix="name a \"module:attr\" that exists") from None
+    missing = [attr for attr in ("sizes", "other_sizes", "config", "fixed_batch") if not hasattr(entry, attr)]
+    if missing:
+        raise ConfigError(f"the {name} plug-in's smoke entry lacks {', '.join(missing)} (models/protocol.SmokeModel)",
+                          where=where, key="model.name", fix="give it every attribute SmokeModel names")
+    if size not in entry.sizes:
+        sizes = " or ".join(f"--size {s}" for s in entry.sizes)
+        raise ConfigError(f"the {name} model smokes size {' or '.join(entry.sizes)}, not {size!r}: "
+                          f"{entry.other_sizes}", key="--size", fix=f"use {sizes}")
+    return entry
 
 
 def gpu_paths(num_gpus: int) -> list[SmokePath]:
@@ -159,22 +200,25 @@ def matches_recipe(path: SmokePath, recipe_cfg) -> bool:
             and path.compile == parallel.compile and path.cuda_graphs == parallel.cuda_graphs)
 
 
-def run_smoke(recipe_cfg=None, *, steps: int = 20, size: str = "tiny",
+def run_smoke(recipe_cfg=None, *, model: str | None = None, steps: int = 20, size: str = "tiny",
               progress=lambda row: None) -> SmokeReport:
-    """Every row, each in its own process (see the module doc)."""
+    """Every row, each in its own process (see the module doc), training `model` (default: the recipe's model.name,
+    pi05 without a recipe) at `size`."""
+    model = model or (recipe_cfg.model.name if recipe_cfg is not None else "pi05")
+    smoke_model(model, size)  # before any row: a model or size smoke cannot run fails once, here
     rows, device = plan_rows(recipe_cfg)
-    report = SmokeReport(device=device)
+    report = SmokeReport(device=device, model=model, size=size)
     for path, reason in rows:
-        row = SmokeRow(path, "skipped", reason) if reason else _run_in_process(path, steps, size)
+        row = SmokeRow(path, "skipped", reason) if reason else _run_in_process(path, steps, size, model)
         row.recipe = matches_recipe(path, recipe_cfg)
         report.rows.append(row)
         progress(row)
     return report
 
 
-def _run_in_process(path: SmokePath, steps: int, size: str) -> SmokeRow:
+def _run_in_process(path: SmokePath, steps: int, size: str, model: str = "pi05") -> SmokeRow:
     started = time.monotonic()
-    spec = json.dumps({"path": asdict(path), "steps": steps, "size": size})
+    spec = json.dumps({"path": asdict(path), "steps": steps, "size": size, "model": model})
     try:
         proc = subprocess.run([sys.executable, "-m", "embodyhpc.train.smoke", spec], capture_output=True, text=True,
                               timeout=ROW_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": os.environ.get(
@@ -192,24 +236,25 @@ def _run_in_process(path: SmokePath, steps: int, size: str) -> SmokeRow:
 
 
 # ---- one row, in its own process ----
-def run_row(path: SmokePath, steps: int, size: str) -> dict:
-    """Train `steps` steps on this row's path; world size path.ranks (spawned ranks when > 1)."""
+def run_row(path: SmokePath, steps: int, size: str, model: str = "pi05") -> dict:
+    """Train `steps` steps of `model` at `size` on this row's path; world size path.ranks (spawned ranks when > 1)."""
     if path.ranks == 1:
-        return _rank_main(0, path, steps, size, None)
+        return _rank_main(0, path, steps, size, model, None)
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as folder:
-        mp.start_processes(_rank_entry, args=(path, steps, size, folder), nprocs=path.ranks, start_method="spawn")
+        mp.start_processes(_rank_entry, args=(path, steps, size, model, folder), nprocs=path.ranks,
+                           start_method="spawn")
         return json.loads((Path(folder) / "rank0.json").read_text())
 
 
-def _rank_entry(rank: int, path: SmokePath, steps: int, size: str, folder: str) -> None:
-    result = _rank_main(rank, path, steps, size, folder)
+def _rank_entry(rank: int, path: SmokePath, steps: int, size: str, model: str, folder: str) -> None:
+    result = _rank_main(rank, path, steps, size, model, folder)
     if rank == 0:
         (Path(folder) / "rank0.json").write_text(json.dumps(result))
 
 
-def _rank_main(rank: int, path: SmokePath, steps: int, size: str, folder: str | None) -> dict:
+def _rank_main(rank: int, path: SmokePath, steps: int, size: str, model: str, folder: str | None) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -224,34 +269,35 @@ def _rank_main(rank: int, path: SmokePath, steps: int, size: str, folder: str | 
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=store, rank=rank,
                                 world_size=path.ranks)
         try:
-            return _train(path, steps, size, device)
+            return _train(path, steps, size, model, device)
         finally:
             dist.barrier()
             dist.destroy_process_group()
 
 
-def _train(path: SmokePath, steps: int, size: str, device) -> dict:
+def _train(path: SmokePath, steps: int, size: str, name: str, device) -> dict:
     import torch
     import torch.distributed as dist
 
-    from embodyhpc.config.schema import ModelConfig, ParallelismConfig, PrecisionConfig
+    from embodyhpc.config.schema import ParallelismConfig, PrecisionConfig
     from embodyhpc.models import build_model
     from embodyhpc.models.fp8 import FP8GemmCounter
     from embodyhpc.parallel import build_mesh, materialize, parallelize
     from embodyhpc.train.loop import micro_batch_step
 
-    model_cfg = ModelConfig(size=size, action_horizon=8, action_dim=8, attention_backend=path.attention,
-                            max_token_len=_budget(size))
+    entry = smoke_model(name, size)
+    model_cfg = entry.config(size, path.attention)
     precision = PrecisionConfig(mode=path.precision, fp8_backend=path.fp8_backend, fp8_recipe=path.fp8_recipe)
     parallel = ParallelismConfig(compile=path.compile, cuda_graphs=path.cuda_graphs)
     with torch.device("meta"):
         model = build_model(model_cfg, precision)
+    built = type(model).__name__  # before parallelize: FSDP2 renames the class
     backend = "aot_eager" if path.compile and device.type == "cpu" else None
     parallelize(model, parallel, precision, build_mesh(1, dist.get_world_size(), device.type),
                 compile_backend=backend)
     materialize(model, device, seed=0)
     counter = FP8GemmCounter(model, device)
-    batch, noise, flow_time, tokens = _fixed_batch(model_cfg, dist.get_rank())
+    batch, noise, flow_time, tokens = entry.fixed_batch(model_cfg, dist.get_rank())
     batch, noise, flow_time = batch.to(device), noise.to(device), flow_time.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     amax_group = dist.group.WORLD if dist.get_world_size() > 1 else None
@@ -272,41 +318,14 @@ def _train(path: SmokePath, steps: int, size: str, device) -> dict:
     return {"status": "passed" if passed else "failed",
             "reason": None if passed else _why(first, last, fell_back),
             "first_loss": first, "last_loss": last, "tokens_per_s": tokens * dist.get_world_size() / step_s,
-            "peak_memory_bytes": _peak_memory(device), "fp8_gemms": fp8 / steps if counter.num_layers else None}
+            "peak_memory_bytes": _peak_memory(device), "fp8_gemms": fp8 / steps if counter.num_layers else None,
+            "model": built}
 
 
 def _why(first: float, last: float, fell_back: int) -> str:
     if fell_back:
         return f"{fell_back} GEMMs of fp8 layers ran in high precision (outside te.autocast)"
     return f"the loss did not fall ({first:.4f} -> {last:.4f})"
-
-
-def _budget(size: str) -> int:
-    return 256 if size == "tiny" else 1024
-
-
-def _fixed_batch(model_cfg, rank: int):
-    """A packed batch of 4 samples (1-2 cameras, prompts of different lengths), its noise and flow times, and the
-    tokens it puts through the model: the same every step, so the loss must fall."""
-    import torch
-
-    from embodyhpc.data.packing import first_fit_decreasing
-    from embodyhpc.models import build_tokenizer
-    from embodyhpc.models.pi05 import Pi05Sample, collate, max_prompt_tokens, shape_for
-
-    shape = shape_for(model_cfg.size)
-    size = shape.vision.image_size
-    g = torch.Generator().manual_seed(100 + rank)
-    words = "pick up the red block and place it in the blue bowl on the left".split()
-    samples = [Pi05Sample(images=torch.rand(2, 3, size, size, generator=g), instruction=" ".join(words[:3 + 3 * i]),
-                          state=torch.rand(6, generator=g) * 2 - 1, image_mask=torch.tensor([True, i % 2 == 0]),
-                          actions=torch.randn(model_cfg.action_horizon, model_cfg.action_dim, generator=g))
-               for i in range(4)]
-    batch = collate(samples, build_tokenizer(model_cfg), max_prompt_tokens=max_prompt_tokens(model_cfg, 2))
-    counts = batch.token_counts(shape.vision.num_patches, model_cfg.action_horizon)
-    batch = batch.with_rows(first_fit_decreasing(counts, model_cfg.max_token_len))
-    noise = torch.randn(4, model_cfg.action_horizon, model_cfg.action_dim, generator=g)
-    return batch, noise, torch.rand(4, generator=g) * 0.8 + 0.1, sum(counts)
 
 
 def _peak_memory(device) -> int:
@@ -321,7 +340,7 @@ def _peak_memory(device) -> int:
 
 def format_report(report: SmokeReport) -> str:
     """The table `embodyhpc smoke` prints."""
-    lines = [f"embodyhpc smoke on {report.device}",
+    lines = [f"embodyhpc smoke of {report.model} {report.size} on {report.device}",
              f"{'path':<28} {'result':<8} {'loss first -> last':<20} {'tokens/s':>10} {'peak mem':>10} "
              f"{'fp8 GEMMs':>9}  note"]
     for row in report.rows:
@@ -341,7 +360,7 @@ def format_report(report: SmokeReport) -> str:
 def _main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     path = replace(SmokePath(name=""), **spec["path"])
-    result = run_row(path, spec["steps"], spec["size"])
+    result = run_row(path, spec["steps"], spec["size"], spec["model"])
     print(json.dumps(result), flush=True)
     return 0
 

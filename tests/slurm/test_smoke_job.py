@@ -1,5 +1,6 @@
 """`embodyhpc smoke --submit` on the real 2-node cluster: one job on one node, through the site profile, that runs
-the smoke table there and leaves smoke.json in its run directory; status and logs know the job."""
+the smoke table of the recipe's model there and leaves smoke.json in its run directory; status and logs know the
+job."""
 
 from __future__ import annotations
 
@@ -14,11 +15,15 @@ from tests.helpers import statuses, wait_for
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def test_smoke_submit_runs_on_one_node_and_writes_the_table(cli, slurm_cluster, runs_root) -> None:
-    result = cli("smoke", "recipes/smoke_cpu.yaml", "--site", "local", "--submit", "--steps", "4",
-                 f"job.runs_root={runs_root}")
+@pytest.mark.parametrize(("recipe", "model", "policy"), [
+    ("recipes/smoke_cpu.yaml", "pi05", "Pi05Policy"),
+    ("recipes/demo_groot_metaworld_cpu.yaml", "groot", "GrootPolicy")])
+def test_smoke_submit_runs_on_one_node_and_writes_the_table(cli, slurm_cluster, runs_root, recipe, model,
+                                                            policy) -> None:
+    result = cli("smoke", recipe, "--site", "local", "--submit", "--steps", "4", f"job.runs_root={runs_root}")
     assert result.code == 0, result.err
     run_dir = Path(re.search(r"run directory: (\S+)", result.out).group(1))
+    assert json.loads((run_dir / "smoke-request.json").read_text()) == {"model": model, "steps": 4, "size": "tiny"}
     assert run_dir.name.startswith("smoke-") and (run_dir / "scripts" / "smoke.sbatch").is_file()
     script = (run_dir / "scripts" / "smoke.sbatch").read_text()
     assert "#SBATCH --nodes=1" in script and "#SBATCH --ntasks-per-node=1" in script
@@ -26,8 +31,9 @@ def test_smoke_submit_runs_on_one_node_and_writes_the_table(cli, slurm_cluster, 
                     ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") and s, 600, "the smoke job to end", poll_s=3)
     assert done["state"] == "COMPLETED", done
     table = json.loads((run_dir / "smoke.json").read_text())
-    assert table["ok"] and table["device"] == "CPU only"
+    assert table["ok"] and table["device"] == "CPU only" and (table["model"], table["size"]) == (model, "tiny")
     passed = [row for row in table["rows"] if row["status"] == "passed"]
-    assert len(passed) == 5 and all(row["path"]["device"] == "cpu" for row in passed)
+    assert len(passed) == 5 and all(row["path"]["device"] == "cpu" and row["model"] == policy for row in passed)
     logs = cli("logs", str(run_dir), "--job", "smoke")
     assert logs.code == 0 and "5 ran, 5 passed, 0 failed" in logs.out
+    assert f"embodyhpc smoke of {model} tiny on CPU only" in logs.out

@@ -1,5 +1,6 @@
 """`embodyhpc smoke`: on this CPU-only machine the CPU references run and every GPU row is skipped with its reason;
-on a GPU node (availability monkeypatched: that is the whole branch) the rows offered follow the install."""
+on a GPU node (availability monkeypatched: that is the whole branch) the rows offered follow the install. The model
+smoked is the recipe's (pi0.5 without one), through its spec's smoke entry: pi0.5 and GR00T both train here."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import json
 import pytest
 import torch
 
+from embodyhpc.errors import ConfigError
+from embodyhpc.models import model_spec, spec
 from embodyhpc.train import smoke
 from embodyhpc.train.smoke import SmokePath, plan_rows
-from tests.helpers import DOUBLES, drop_modules
+from tests.helpers import DOUBLES, drop_modules, one_line_error
+
+GROOT = "recipes/demo_groot_metaworld_cpu.yaml"
 
 
 @pytest.fixture
@@ -73,28 +78,129 @@ def test_the_recipe_row_is_marked() -> None:
     assert marked and all("fsdp" not in name for name in marked)
 
 
-@pytest.mark.slow
-def test_smoke_on_this_machine_runs_the_cpu_references_and_skips_every_gpu_row(cli) -> None:
-    result = cli("smoke", "--steps", "6", "--json")
-    assert result.code == 0, result.err
-    report = json.loads(result.out)
+def _check_cpu_report(report: dict, model: str, size: str, policy: str) -> None:
+    """Every CPU reference ran `policy` (as its own process reports) and passed with a falling loss; every GPU row
+    was skipped for the missing device."""
     rows = {row["path"]["name"]: row for row in report["rows"]}
     ran = [row for row in report["rows"] if row["status"] != "skipped"]
-    assert report["ok"] and report["device"] == "CPU only"
+    assert report["ok"] and report["device"] == "CPU only" and (report["model"], report["size"]) == (model, size)
     assert {row["path"]["name"] for row in ran} == {path.name for path in smoke.CPU_PATHS}
     for row in ran:
         assert row["status"] == "passed" and row["last_loss"] < row["first_loss"], row
-        assert row["tokens_per_s"] > 0 and row["peak_memory_bytes"] > 0
+        assert row["tokens_per_s"] > 0 and row["peak_memory_bytes"] > 0 and row["model"] == policy, row
     assert rows["cpu torchao fp8"]["fp8_gemms"] > 0 and rows["cpu bf16"]["fp8_gemms"] is None
     for row in report["rows"]:
         if row["path"]["device"] == "cuda":
             assert row["status"] == "skipped" and row["reason"].startswith("no CUDA device"), row
+            assert row["model"] is None
+
+
+@pytest.mark.slow
+def test_smoke_on_this_machine_runs_the_cpu_references_and_skips_every_gpu_row(cli) -> None:
+    result = cli("smoke", "--steps", "6", "--json")
+    assert result.code == 0, result.err
+    _check_cpu_report(json.loads(result.out), "pi05", "tiny", "Pi05Policy")
+
+
+@pytest.mark.slow
+def test_smoke_of_a_groot_recipe_trains_groot_on_every_cpu_row(cli) -> None:
+    result = cli("smoke", GROOT, "--steps", "5", "--json")
+    assert result.code == 0, result.err
+    _check_cpu_report(json.loads(result.out), "groot", "tiny", "GrootPolicy")
+
+
+def test_the_table_says_which_model_and_size_ran() -> None:
+    row = smoke.SmokeRow(smoke.CPU_PATHS[0], "passed", first_loss=2.0, last_loss=1.5, model="GrootPolicy")
+    report = smoke.SmokeReport([row], device="CPU only", model="groot", size="tiny")
+    assert smoke.format_report(report).startswith("embodyhpc smoke of groot tiny on CPU only\n")
+    assert report.as_dict()["model"] == "groot" and report.as_dict()["rows"][0]["model"] == "GrootPolicy"
+
+
+def test_a_groot_row_trains_groot_on_its_packed_batch() -> None:
+    row = smoke._run_in_process(smoke.CPU_PATHS[0], steps=4, size="tiny", model="groot")
+    assert row.status == "passed" and row.model == "GrootPolicy", row
+    assert row.last_loss < row.first_loss and row.tokens_per_s > 0
+
+
+def test_each_models_fixed_batch_is_packed_and_the_same_every_call() -> None:
+    for name in ("pi05", "groot"):
+        entry = smoke.smoke_model(name, "tiny")
+        model_cfg = entry.config("tiny", "sdpa_reference")
+        assert model_cfg.name == name
+        batch, noise, flow_time, tokens = entry.fixed_batch(model_cfg, rank=0)
+        again = entry.fixed_batch(model_cfg, rank=0)
+        other = entry.fixed_batch(model_cfg, rank=1)
+        assert torch.equal(noise, again[1]) and torch.equal(flow_time, again[2]) and tokens == again[3]
+        assert not torch.equal(noise, other[1])  # each rank its own samples
+        assert noise.shape == batch.actions.shape == (4, model_cfg.action_horizon, model_cfg.action_dim)
+        assert bool(((flow_time > 0) & (flow_time < 1)).all())
+        rows = batch.rows
+        assert sorted(i for row in rows for i in row) == [0, 1, 2, 3] and len(rows) < 4, (name, rows)  # packed
 
 
 def test_smoke_refuses_bad_options(cli) -> None:
     for args, key in ((("--size", "full"), "--size"), (("--steps", "2"), "--steps"), (("--submit",), "--submit")):
         result = cli("smoke", *args)
         assert result.code == 2 and key in result.err, result.err
+
+
+@pytest.mark.parametrize(("recipe", "size", "fix"), [
+    (GROOT, "full", "use --size tiny"), (GROOT, "small", "use --size tiny"), (GROOT, "huge", "use --size tiny"),
+    (GROOT, "", "use --size tiny"), (GROOT, "tiny; touch pwned", "use --size tiny"),
+    (None, "full", "use --size tiny or --size small"), (None, "small\ntiny", "use --size tiny or --size small"),
+    ("smoke_cpu", "Tiny", "use --size tiny or --size small")])
+def test_a_size_the_model_does_not_smoke_is_refused_naming_the_model(cli, runs_root, recipe, size, fix) -> None:
+    model = "groot" if recipe == GROOT else "pi05"
+    args = [recipe, f"job.runs_root={runs_root}"] if recipe else []
+    line = one_line_error(cli("smoke", *args, "--size", size), "--size", f"the {model} model smokes", fix)
+    assert repr(size) in line
+    if recipe:  # refused before anything is submitted
+        one_line_error(cli("smoke", *args, "--size", size, "--site", "local", "--submit"), "--size", fix)
+        assert list(runs_root.iterdir()) == []
+
+
+@pytest.mark.parametrize("steps", ["3", "0", "-5"])
+def test_too_few_steps_are_refused_for_either_model(cli, steps) -> None:
+    for recipe in (GROOT, "smoke_cpu"):
+        one_line_error(cli("smoke", recipe, "--steps", steps), "--steps", "use --steps 4 or more")
+
+
+def test_a_model_without_a_smoke_entry_is_refused_naming_it(cli, runs_root, monkeypatch) -> None:
+    from tests.plugins.mlp_policy import SPEC as MLP
+
+    monkeypatch.setattr(spec, "_REGISTRY", dict(spec._REGISTRY))
+    spec.register_model(MLP)
+    assert MLP.smoke is None
+    for extra in ([], ["--site", "local", "--submit"]):
+        line = one_line_error(cli("smoke", "smoke_cpu", "model.name=mlp", f"job.runs_root={runs_root}", *extra),
+                              "model.name", "the mlp model has no smoke entry", "smoke entry")
+        assert "smoke_cpu" in line  # the recipe that names the model
+        assert list(runs_root.iterdir()) == []
+    with pytest.raises(ConfigError, match="the mlp model has no smoke entry"):  # the job refuses it too
+        smoke.run_smoke(None, model="mlp", steps=4)
+
+
+@pytest.mark.parametrize(("entry", "says"), [
+    ("tests.no_such_module:SMOKE", "cannot be imported"), ("embodyhpc.models.pi05.smoke:NO_SUCH", "cannot be imported"),
+    (object(), "lacks sizes, other_sizes, config, fixed_batch")])
+def test_a_broken_smoke_entry_is_refused_naming_the_plugin(cli, monkeypatch, entry, says) -> None:
+    import dataclasses
+
+    from tests.plugins.mlp_policy import SPEC as MLP
+
+    monkeypatch.setattr(spec, "_REGISTRY", dict(spec._REGISTRY))
+    spec.register_model(dataclasses.replace(MLP, smoke=entry))
+    one_line_error(cli("smoke", "smoke_cpu", "model.name=mlp"), "model.name", "the mlp plug-in's smoke entry", says)
+
+
+def test_the_size_help_names_each_shipped_models_smoke_sizes() -> None:
+    from embodyhpc.cli.main import app
+    from typer.testing import CliRunner
+
+    text = " ".join(CliRunner().invoke(app, ["smoke", "-h"]).output.split())
+    assert "--size" in text and "model (model.name; pi05 without a recipe)" in text
+    for name in ("pi05", "groot"):
+        assert f"{name} {' or '.join(model_spec(name).load('smoke').sizes)}" in text, text
 
 
 @pytest.mark.gpu
@@ -104,3 +210,24 @@ def test_smoke_on_a_gpu_node_passes_every_row_that_runs(cli) -> None:
     report = json.loads(result.out)
     assert result.code == 0 and report["ok"], [r for r in report["rows"] if r["status"] == "failed"]
     assert any(row["status"] == "passed" and row["path"]["device"] == "cuda" for row in report["rows"])
+
+
+def test_the_smoke_job_smokes_the_model_its_request_names_else_its_recipes(tmp_path, monkeypatch) -> None:
+    """embodyhpc.launch.smoke (what `smoke --submit` runs): the model comes from smoke-request.json, the recipe's
+    model.name when an older request lacks it; a model or size it cannot smoke fails the job before any row."""
+    from embodyhpc.config.load import load_recipe
+    from embodyhpc.launch.smoke import smoke_task
+    from embodyhpc.rundir import RESOLVED_YAML, SMOKE_FILE, SMOKE_REQUEST_FILE
+    from tests.plugins.mlp_policy import SPEC as MLP
+
+    monkeypatch.setattr(spec, "_REGISTRY", dict(spec._REGISTRY))
+    spec.register_model(MLP)
+    (tmp_path / RESOLVED_YAML).write_text(load_recipe(GROOT).to_yaml())
+    request = tmp_path / SMOKE_REQUEST_FILE
+    for body, says in (({"steps": 4, "size": "full"}, "the groot model smokes size tiny, not 'full'"),
+                       ({"model": "pi05", "steps": 4, "size": "full"}, "the pi05 model smokes size tiny or small"),
+                       ({"model": "mlp", "steps": 4, "size": "tiny"}, "the mlp model has no smoke entry")):
+        request.write_text(json.dumps(body))
+        with pytest.raises(ConfigError, match=says):
+            smoke_task(str(tmp_path))
+        assert not (tmp_path / SMOKE_FILE).exists()

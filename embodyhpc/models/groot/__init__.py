@@ -1,11 +1,11 @@
 """GR00T-N1.5 (NVIDIA's VLA, published design) in our own PyTorch, the second model family: see model.py.
 
 The folder is a model plug-in (embodyhpc/models/spec.py): SPEC names its builder and tokenizer (build.py), batch
-builder and token counts (batching.py), evaluation-time inference (inference.py) and published-weights key rules
-(weights.py). Its own options live under `model.options` (GrootOptions); the shared model keys it reads are
-size (tiny | full), attention_backend, init_weights, tokenizer_path (full: Qwen3's tokenizer.json),
-action_horizon (16 in GR00T-N1.5), action_dim (32), max_token_len (VLM tokens per packed row), packing,
-state_key and state_norm. Importing the package imports no torch.
+builder and token counts (batching.py), evaluation-time inference (inference.py), published-weights key rules
+(weights.py) and what `embodyhpc smoke` trains (smoke.py). Its own options live under `model.options`
+(GrootOptions); the shared model keys it reads are size (tiny | full), attention_backend, init_weights,
+tokenizer_path (full: Qwen3's tokenizer.json), action_horizon (16 in GR00T-N1.5), action_dim (32), max_token_len
+(VLM tokens per packed row), packing, state_key and state_norm. Importing the package imports no torch.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ SPEC = ModelSpec(
     token_budget="embodyhpc.models.groot.batching:batch_token_budget",
     inference="embodyhpc.models.groot.inference:GrootRunner",
     weights="embodyhpc.models.groot.weights:ADAPTER",
+    smoke="embodyhpc.models.groot.smoke:SMOKE",
     tokenizer_file=(("full", ("the full-size GR00T needs Eagle 2.5's Qwen3 tokenizer file",
                               "/path/to/eagle2.5/tokenizer.json")),),
 )

@@ -1,7 +1,8 @@
 """pi0.5 (Physical Intelligence's VLA, published design) in our own PyTorch: see model.py for the method.
 
 The folder is a model plug-in (embodyhpc/models/spec.py): SPEC names its builder (build.py), batch builder and
-token counts (batching.py), evaluation-time inference (inference.py) and published-weights key rules (weights.py).
+token counts (batching.py), evaluation-time inference (inference.py), published-weights key rules (weights.py) and
+what `embodyhpc smoke` trains (smoke.py).
 Importing the package imports no torch (validate reads SPEC); the names below load their modules on first use.
 """
 
@@ -21,6 +22,7 @@ SPEC = ModelSpec(
     token_budget="embodyhpc.models.pi05.batching:batch_token_budget",
     inference="embodyhpc.models.pi05.inference:Pi05Runner",
     weights="embodyhpc.models.pi05.weights:ADAPTER",
+    smoke="embodyhpc.models.pi05.smoke:SMOKE",
     tokenizer_file=(("full", ("the full-size pi0.5 needs the PaliGemma tokenizer file", "/path/to/tokenizer.model")),),
 )
 
