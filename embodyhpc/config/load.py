@@ -298,6 +298,17 @@ def _deep_merge(into: dict[str, Any], layer: dict[str, Any]) -> None:
             into[key] = value
 
 
+UNREAD = "unset-not-read-by-this-command"
+"""The value load_recipe(unread=...) gives a `???` key the command never reads."""
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    for part in parents:
+        data = data[part]
+    data[last] = value
+
+
 def _merge(layers: list[Layer]) -> tuple[dict[str, Any], dict[str, str], set[str]]:
     """Merge the layers as plain data; provenance says which layer set each key last, so any
     later error names its layer. Also returns the keys left `???` (the user must supply them)."""
@@ -329,15 +340,17 @@ def _interpolate(combined: dict[str, Any], provenance: dict[str, str]) -> dict[s
 
 
 def load_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: str | None = None,
-                *, recipe_site_keys: str = "refuse") -> LoadedRecipe:
+                *, recipe_site_keys: str = "refuse", unread: tuple[str, ...] = ()) -> LoadedRecipe:
     """The one entry point: a validated, frozen config plus its resolved parallel layout.
 
     recipe_site_keys: what to do with keys only a site profile may set (guards.SITE_ONLY_KEYS) when the recipe
     file sets them: "refuse" (a recipe), "drop" (a resolved config from someone's export: the site profile
     given now decides) or "keep" (the resolved.yaml submit wrote into a run directory, reloaded by its jobs).
+    unread: keys the calling command never reads (`smoke` reads no data): one the recipe leaves `???` gets the
+    placeholder UNREAD instead of a missing-value error.
     """
     config, provenance, recipe_name, site_name = load_unresolved(recipe, overrides, site,
-                                                                 recipe_site_keys=recipe_site_keys)
+                                                                 recipe_site_keys=recipe_site_keys, unread=unread)
     resolved = resolve_located(config, provenance)
     return LoadedRecipe(config=config, resolved=resolved, recipe=recipe_name, site=site_name,
                         overrides=tuple(overrides), provenance=provenance)
@@ -352,7 +365,8 @@ def resolve_located(config: Config, provenance: dict[str, str]) -> Resolved:
 
 
 def load_unresolved(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: str | None = None,
-                    *, recipe_site_keys: str = "refuse") -> tuple[Config, dict[str, str], str, str | None]:
+                    *, recipe_site_keys: str = "refuse",
+                    unread: tuple[str, ...] = ()) -> tuple[Config, dict[str, str], str, str | None]:
     """load_recipe before resolve(): (config, provenance, recipe name, site profile name). Every section is checked;
     what depends on the world size is not (`embodyhpc resume` explains a batch size the new world cannot divide)."""
     source = find_recipe(recipe)
@@ -373,7 +387,9 @@ def load_unresolved(recipe: str, overrides: list[str] | tuple[str, ...] = (), si
         layers.append(layer)
 
     combined, provenance, missing_keys = _merge(layers)
-    missing = sorted(missing_keys)
+    for key in missing_keys & set(unread):
+        _set_dotted(combined, key, UNREAD)
+    missing = sorted(missing_keys - set(unread))
     if missing:
         key = missing[0]
         raise ConfigError("missing value (??? in the recipe)", where=_where(key, provenance), key=key,
