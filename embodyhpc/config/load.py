@@ -243,13 +243,18 @@ def _override_layer(text: str) -> Layer:
     except yaml.YAMLError as exc:
         raise ConfigError(f"cannot parse the value {_short(raw)!r} as YAML", where=where, key=key,
                           fix="quote it, e.g. key='a: b'") from exc
+    return Layer(where, _nested(key, value), keys=(key,))
+
+
+def _nested(key: str, value: Any) -> dict[str, Any]:
+    """{"a": {"b": value}} for the dotted key "a.b"."""
     data: dict[str, Any] = {}
     node = data
     *parents, leaf = key.split(".")
     for part in parents:
         node = node.setdefault(part, {})
     node[leaf] = value
-    return Layer(where, data, keys=(key,))
+    return data
 
 
 def _site_source(site: str | None) -> Source | None:
@@ -300,13 +305,6 @@ def _deep_merge(into: dict[str, Any], layer: dict[str, Any]) -> None:
 
 UNREAD = "unset-not-read-by-this-command"
 """The value load_recipe(unread=...) gives a `???` key the command never reads."""
-
-
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    *parents, last = key.split(".")
-    for part in parents:
-        data = data[part]
-    data[last] = value
 
 
 def _merge(layers: list[Layer]) -> tuple[dict[str, Any], dict[str, str], set[str]]:
@@ -388,7 +386,7 @@ def load_unresolved(recipe: str, overrides: list[str] | tuple[str, ...] = (), si
 
     combined, provenance, missing_keys = _merge(layers)
     for key in missing_keys & set(unread):
-        _set_dotted(combined, key, UNREAD)
+        _deep_merge(combined, _nested(key, UNREAD))
     missing = sorted(missing_keys - set(unread))
     if missing:
         key = missing[0]
