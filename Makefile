@@ -9,7 +9,7 @@ SLURM_CONF ?= /tmp/slurm-local/etc/slurm.conf
 export SLURM_CONF
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: setup system-deps demo test test-fast bench lint slurm-up slurm-down clean
+.PHONY: setup system-deps demo test test-fast test-weights bench lint slurm-up slurm-down clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -42,11 +42,27 @@ demo: setup
 	MLFLOW_DISABLE_TELEMETRY=true $(VENV)/bin/embodyhpc submit recipes/demo_metaworld_cpu.yaml --local \
 		data.root=$(CURDIR)/$(DEMO_DATA)
 
+# The suite's budgets live in pyproject.toml ([tool.pytest.ini_options]: fast_test_budget_s, fast_suite_budget_s,
+# suite_budget_s); tests/budget.py prints the slowest tests and files of every run and holds the budgets.
+# `make test` runs the fast half first, alone on the machine, so that it is judged as `make test-fast` is, then the
+# slow and Slurm tests; both halves on pytest-xdist workers (one worker takes each xdist_group: a shared trained
+# run), and a failure in either fails the target after both ran.
+PYTEST := $(PY) -m pytest -q
+WORKERS ?= 2
+FAST := -m "not slurm and not slow" -n $(WORKERS) --dist loadgroup --fast-budget --suite-budget fast
+SLOW := -m "slurm or slow" -n $(WORKERS) --dist loadgroup --suite-budget full
+
 test: setup slurm-up
-	$(PY) -m pytest -q
+	@export EMBODYHPC_TESTS_STARTED=$$(date +%s); rc=0; \
+	$(PYTEST) $(FAST) -o test_durations_file=.cache/test-durations-fast.jsonl || rc=$$?; \
+	$(PYTEST) $(SLOW) -o test_durations_file=.cache/test-durations-slow.jsonl || rc=$$?; \
+	exit $$rc
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slurm and not slow"
+	$(PYTEST) $(FAST)
+
+test-weights:  ## tests/durations.json (the order make test starts files in) from the last `make test`
+	$(PY) -m tests.budget
 
 bench: setup  ## ratios against baselines measured in the same run (bench/README.md)
 	$(PY) bench/cli_latency.py

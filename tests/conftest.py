@@ -10,6 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.budget import (  # noqa: F401 (hooks)
+    carry_markers,
+    order_by_weight,
+    pytest_addoption,
+    pytest_configure,
+    pytest_sessionstart,
+)
 from tests.helpers import require
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +81,14 @@ def slurm_cluster():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` skip with a reason on machines without CUDA (this project's CI never has one)."""
+    """The heaviest files first (tests/budget.py); tests marked `gpu` skip with a reason on machines without CUDA
+    (this project's CI never has one)."""
+    order_by_weight(items)
+    carry_markers(items)
+    ungrouped = [item.nodeid for item in items if item.get_closest_marker("slurm")
+                 and "slurm" not in {m.args[0] for m in item.iter_markers("xdist_group") if m.args}]
+    if ungrouped:  # two workers submitting at once would queue for the cluster's 2 nodes past their tests' bounds
+        raise pytest.UsageError(f"tests marked slurm must carry pytest.mark.xdist_group('slurm'): {ungrouped}")
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return
@@ -125,7 +139,7 @@ def mlflow_server(tmp_path_factory):
                 os.killpg(proc.pid, 9)
                 proc.wait()
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 240  # a bound, not a speed: /health answered in 9-30 s here, later under load
     while True:
         try:
             with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
@@ -155,6 +169,26 @@ def reach_demos(tmp_path_factory) -> Path:
     generate_demos(root, tasks=["reach-v3"], episodes_per_task=4, seed=0, image_size=32, max_steps=120,
                    progress=False)
     return root
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory) -> Path:
+    """The demo's MetaWorld demonstrations (tests/launch/demo.py), made once per test run for every worker."""
+    from tests.artifacts import build_once
+    from tests.launch.demo import synth_demos
+
+    return build_once(tmp_path_factory, "demo-data", synth_demos) / "metaworld-mt4"
+
+
+@pytest.fixture(scope="session")
+def pi05_demo_run(tmp_path_factory, demo_data) -> Path:
+    """The pi0.5 demo run's folder (tests/launch/demo.py), trained and evaluated once per test run. Tests that read
+    it carry `xdist_group("pi05-demo")`, so that one worker runs them after one another instead of waiting."""
+    from tests.artifacts import build_once
+    from tests.launch.demo import run_pi05_demo
+
+    folder = build_once(tmp_path_factory, "pi05-demo", lambda out: run_pi05_demo(out, demo_data))
+    return Path((folder / "run_dir").read_text())
 
 
 @pytest.fixture

@@ -314,6 +314,7 @@ def test_status_without_sacct_falls_back_to_the_states_on_disk(cli, tmp_path, sl
 
 
 @pytest.mark.slurm
+@pytest.mark.xdist_group("slurm")  # one worker: the cluster has 2 nodes
 def test_status_against_a_dead_controller_reads_the_disk(cli, tmp_path, slurm_cluster, monkeypatch):
     conf = Path(slurm_cluster or DEFAULT_SLURM_CONF).read_text()
     dead = tmp_path / "slurm.conf"  # the same cluster, with nothing listening on its ports

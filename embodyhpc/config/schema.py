@@ -100,6 +100,10 @@ class DataConfig:
     """DataLoader worker processes per rank."""
     prefetch_factor: int = 2
     """Batches each worker prepares ahead."""
+    synthetic_step_s: float = 0.0
+    """format synthetic only: the least seconds each step of the synthetic stand-in takes, so that a drill of
+    preemption, requeue and time limits (tests, cluster bring-up) runs at a known pace on any machine; 0 runs it
+    as fast as the machine goes."""
 
     def __post_init__(self) -> None:
         checks.choice("data.format", self.format, DATA_FORMATS)
@@ -108,6 +112,10 @@ class DataConfig:
                                      key="data.root", fix="set data.root=/path/to/dataset")
         checks.positive("data.num_workers", self.num_workers, allow_zero=True)
         checks.positive("data.prefetch_factor", self.prefetch_factor)
+        checks.positive("data.synthetic_step_s", self.synthetic_step_s, allow_zero=True)
+        if self.synthetic_step_s and self.format != "synthetic":
+            raise ConfigError(f"paces the synthetic stand-in only, and data.format is {self.format!r}",
+                              key="data.synthetic_step_s", fix="remove data.synthetic_step_s (or set it to 0)")
 
 
 @dataclass(frozen=True)

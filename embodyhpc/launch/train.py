@@ -93,7 +93,8 @@ def train_task(run_dir: str) -> dict:
         with distributed.process_group(dist_env, backend=backend, device=device) as device:
             hostnames = _gather_hostnames(dist_env.world_size)
             if data_root is None:
-                result = _spine_loop(dist_env, config.train, config.checkpoint, Path(run_dir), stop)
+                result = _spine_loop(dist_env, config.train, config.checkpoint, Path(run_dir), stop,
+                                     step_s=config.data.synthetic_step_s)
                 tracking.log_final(result["steps"], {"final_loss": result["final_loss"]})
             else:
                 result = _train_policy(config, Path(run_dir), data_root, dist_env, stop, tracking.sinks(), device)
@@ -246,7 +247,7 @@ def _gather_hostnames(world: int) -> list[str]:
 
 
 def _spine_loop(dist_env: distributed.DistEnv, train: TrainConfig, ckpt: CheckpointConfig,
-                run_dir: Path, stop: StopSignal) -> dict:
+                run_dir: Path, stop: StopSignal, *, step_s: float = 0.0) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -275,7 +276,11 @@ def _spine_loop(dist_env: distributed.DistEnv, train: TrainConfig, ckpt: Checkpo
 
     metrics = JsonlMetricsSink(run_dir / METRICS_FILE, resume_step=start_step) if rank == 0 else None
     logged_at, logged_step = time.monotonic(), start_step
+    paced_until = time.monotonic()
     for step in range(start_step, train.steps):
+        if step_s:  # data.synthetic_step_s: every rank waits out the step's pace, so the all-reduce keeps them in step
+            paced_until = max(paced_until + step_s, time.monotonic())
+            time.sleep(max(paced_until - time.monotonic(), 0.0))
         gen = torch.Generator().manual_seed(train.seed * 1_000_003 + step * world + rank)
         x = torch.randn(per_rank, _DIM, generator=gen)
         y = x @ true_w

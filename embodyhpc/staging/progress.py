@@ -21,6 +21,10 @@ def format_bytes(num_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
+def format_rate(num_bytes: float, seconds: float) -> str:
+    return f"{format_bytes(num_bytes / seconds if seconds > 0 else 0)}/s"
+
+
 class Progress:
     """One phase ("copy", "verify"): `advance` from the thread that collects results, then `close`."""
 
@@ -34,6 +38,8 @@ class Progress:
         self._stream = stream if stream is not None else sys.stderr
         self._enabled = enabled and (total_bytes > 0 or total_files > 0)
         self._start = time.monotonic()
+        self.seconds: float | None = None
+        """The phase's duration, fixed when it closes: the closing line's rate and the caller's both divide by it."""
         self._last_line = self._start
         self._rich: Any = None
         if self._enabled and self._stream.isatty():
@@ -54,13 +60,14 @@ class Progress:
                         f"{self._files_text()}, {self._rate()}")
 
     def close(self) -> None:
+        if self.seconds is None:
+            self.seconds = time.monotonic() - self._start
         if not self._enabled:
             return
         if self._rich is not None:
             self._rich.stop()
             return
-        seconds = time.monotonic() - self._start
-        self._print(f"{format_bytes(self.num_bytes)}, {self._files_text()} in {seconds:.1f} s ({self._rate()})")
+        self._print(f"{format_bytes(self.num_bytes)}, {self._files_text()} in {self.seconds:.1f} s ({self._rate()})")
 
     def __enter__(self) -> Progress:
         return self
@@ -72,8 +79,7 @@ class Progress:
         return f"{self.num_files}/{self.total_files} files"
 
     def _rate(self) -> str:
-        seconds = max(time.monotonic() - self._start, 1e-9)
-        return f"{format_bytes(self.num_bytes / seconds)}/s"
+        return format_rate(self.num_bytes, self.seconds if self.seconds is not None else time.monotonic() - self._start)
 
     def _print(self, text: str) -> None:
         print(f"stage {self.label}: {text}", file=self._stream, flush=True)

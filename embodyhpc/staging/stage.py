@@ -57,7 +57,7 @@ from embodyhpc.staging.manifest import (
     sync_filesystem,
     write_manifest,
 )
-from embodyhpc.staging.progress import Progress, format_bytes
+from embodyhpc.staging.progress import Progress, format_bytes, format_rate
 from embodyhpc.staging.transfer import Chunk, Copied, WholeFiles, make_tasks, run_tasks
 from embodyhpc.staging.tree import Plan, SourceFile, make_plan, scan_dest, scan_source
 from embodyhpc.staging.verify import TASKS_PER_WORKER, damaged_error, verify_files
@@ -124,9 +124,9 @@ class StageResult:
     over elapsed_s, which adds scanning, verification and the final flush."""
 
     def summary(self) -> str:
-        rate = format_bytes(self.num_bytes_copied / self.copy_s) if self.copy_s > 0 else format_bytes(0)
         return (f"staged {self.src} -> {self.dest}: {self.num_files_copied} files copied "
-                f"({format_bytes(self.num_bytes_copied)} at {rate}/s), {self.num_files_skipped} unchanged, "
+                f"({format_bytes(self.num_bytes_copied)} at {format_rate(self.num_bytes_copied, self.copy_s)}), "
+                f"{self.num_files_skipped} unchanged, "
                 f"{self.num_files_removed} removed, {self.num_files_repaired} repaired, "
                 f"{self.num_files_rehashed} re-hashed, {'verified' if self.verified else 'not verified'} "
                 f"({self.verify}), {self.elapsed_s:.1f} s")
@@ -347,16 +347,17 @@ class _StageRun:
                     task.files)
                 return serial if small else pool
 
-        started = time.monotonic()
-        with Progress(label, sum(f.size for f in files), len(files), enabled=self.progress) as bar:
-            try:
-                run_tasks(self.pool, make_tasks(files, chunk_bytes, start_large), work, on_result,
-                          window=self.window, route=route)
-            except BaseException:
-                self._flush()  # what finished stays finished, however the run stops (run() writes it on success)
-                raise
-            finally:
-                self.copy_s += time.monotonic() - started
+        bar = Progress(label, sum(f.size for f in files), len(files), enabled=self.progress)
+        try:
+            with bar:
+                try:
+                    run_tasks(self.pool, make_tasks(files, chunk_bytes, start_large), work, on_result,
+                              window=self.window, route=route)
+                except BaseException:
+                    self._flush()  # what finished stays finished, however the run stops (run() writes it on success)
+                    raise
+        finally:
+            self.copy_s += bar.seconds  # the bar's own duration: its closing rate and the summary's are one number
         return num_bytes
 
     def _record(self, f: SourceFile, copied: Copied) -> int:

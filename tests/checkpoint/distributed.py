@@ -1,4 +1,4 @@
-"""Run a function on N gloo ranks (torch.multiprocessing, a free 127.0.0.1 port), and the shared pieces the rank
+"""Run a function on N gloo ranks (torch.multiprocessing, a file rendezvous), and the shared pieces the rank
 jobs use: the tiny pi0.5 sharded with FSDP2 the way parallel/ will do it (each declared unit, then the root),
 a deterministic toy dataset and sampler, and comparison of nested state dicts.
 
@@ -11,7 +11,8 @@ import functools
 import multiprocessing
 import os
 import random
-import socket
+import tempfile
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -31,28 +32,32 @@ NUM_CAMERAS, NUM_SAMPLES, BATCH_PER_RANK = 1, 48, 2
 INSTRUCTIONS = ["pick up the cup", "open the drawer", "push the block left", "close it"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(fn: Callable[..., None], world_size: int, *args: Any) -> None:
-    """fn(rank, world_size, *args) on every rank; raises if any rank fails.
+def run_ranks(fn: Callable[..., None], world_size: int, *args: Any, timeout_s: float = 600.0) -> None:
+    """fn(rank, world_size, *args) on every rank; raises if any rank fails, or if they are still running after
+    `timeout_s` (a bound for a loaded 2-core machine, not a speed).
 
     Ranks are forked from a forkserver that imported torch, DCP and the tiny model once (the first call pays it):
     a fresh interpreter per rank spends ~5 s of CPU importing them, 3 ranks on 2 cores ~15 s per job.
-    The forkserver is a clean single-threaded process, so forking it is safe where forking pytest is not.
+    The forkserver is a clean single-threaded process, so forking it is safe where forking pytest is not. The ranks
+    meet through a file in a folder of their own (no TCP port another test could take in the meantime).
     """
     os.environ["OMP_NUM_THREADS"] = "1"  # 2 shared cores: intra-op threads of several ranks fight
     multiprocessing.set_forkserver_preload(["torch._dynamo", "tests.checkpoint.jobs"])
-    mp.start_processes(_rank_main, args=(fn, world_size, free_port(), args), nprocs=world_size, join=True,
-                       start_method="forkserver")
+    with tempfile.TemporaryDirectory(prefix="embodyhpc-ckpt-ranks-") as folder:
+        context = mp.start_processes(_rank_main, args=(fn, world_size, f"file://{folder}/rendezvous", args),
+                                     nprocs=world_size, join=False, start_method="forkserver")
+        deadline = time.monotonic() + timeout_s
+        while not context.join(timeout=1.0):  # raises ProcessRaisedException with the failed rank's traceback
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    if process.is_alive():
+                        process.kill()
+                raise AssertionError(f"{world_size} ranks of {fn.__name__} still running after {timeout_s:.0f} s")
 
 
-def _rank_main(rank: int, fn: Callable[..., None], world_size: int, port: int, args: tuple) -> None:
+def _rank_main(rank: int, fn: Callable[..., None], world_size: int, init_method: str, args: tuple) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=90))
     try:
         fn(rank, world_size, *args)

@@ -12,6 +12,7 @@ from tests.checkpoint import jobs
 from tests.checkpoint.distributed import run_ranks, sharded_model
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # the one-process restart
 def test_kill_one_rank_during_async_save_keeps_the_previous_checkpoint(tmp_path):
     with pytest.raises(ProcessException):

@@ -9,7 +9,7 @@ from tests.checkpoint import jobs
 from tests.checkpoint.distributed import differences, run_ranks
 
 
-@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("world_size", [1, pytest.param(3, marks=pytest.mark.slow)])  # 3 ranks on 2 cores: ~3 s
 def test_save_on_two_ranks_loads_bit_identical_on(world_size, saved_on_two_ranks):
     run_ranks(jobs.load_job, world_size, str(saved_on_two_ranks))
     expected = torch.load(saved_on_two_ranks / "expected.pt", weights_only=True)

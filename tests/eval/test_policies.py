@@ -17,13 +17,16 @@ from embodyhpc.eval.policies import RandomPolicy  # noqa: E402
 from embodyhpc.eval.references import make_reference_policies, reference_policy_names  # noqa: E402
 from embodyhpc.eval.suites import episode_seed, make_suite  # noqa: E402
 
+pytestmark = pytest.mark.sim  # steps a simulator
+
 SUITES = {"pusht": ("gym_pusht", "sim", "pusht"), "metaworld": ("metaworld", "sim", "reach-v3"),
           "libero": ("libero.libero", "libero", "libero_spatial/0")}
 NUM_ACTIONS = 4000
 NUM_BINS = 10
 
 
-@pytest.fixture(params=sorted(SUITES), scope="module")
+@pytest.fixture(params=[pytest.param(name, marks=pytest.mark.slow) if name == "libero" else name  # ~6 s to build
+                        for name in sorted(SUITES)], scope="module")
 def suite_task(request):
     module, extra, task = SUITES[request.param]
     require(module, extra)

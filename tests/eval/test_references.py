@@ -12,6 +12,8 @@ from embodyhpc.eval import references, suites
 from embodyhpc.eval.policies import RandomPolicy
 from tests.eval.fake_suite import ConstantPolicy, LineSuite
 
+pytestmark = pytest.mark.sim  # steps a simulator
+
 
 class ClosingLineSuite(LineSuite):
     """The line suite as the evaluation array uses suites (`with make_suite(...) as suite`)."""

@@ -17,6 +17,8 @@ from embodyhpc.eval.replay import STATE_TOLERANCE, ReplayDataset, ReplayPolicy, 
 from embodyhpc.eval.shards import Episode
 from tests.helpers import require
 
+pytestmark = pytest.mark.sim  # steps a simulator
+
 TASK = "libero_spatial/0"
 STEPS = 10
 

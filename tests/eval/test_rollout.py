@@ -17,6 +17,8 @@ from embodyhpc.eval.shards import Episode, all_episodes, plan_shards  # noqa: E4
 from embodyhpc.eval.suites import episode_seed  # noqa: E402
 from tests.eval.fake_suite import ConstantPolicy, LineSuite  # noqa: E402
 
+pytestmark = pytest.mark.sim  # steps a simulator
+
 
 def decode(path):
     import av

@@ -22,6 +22,8 @@ from embodyhpc.eval.suite_libero import (
 )
 from embodyhpc.eval.suites import make_suite
 
+pytestmark = pytest.mark.sim  # steps a simulator
+
 TASK = "libero_spatial/0"  # "pick up the black bowl between the plate and the ramekin and place it on the plate"
 HOLD = np.array([0.0] * 6 + [-1.0])
 

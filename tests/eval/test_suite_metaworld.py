@@ -18,6 +18,8 @@ from embodyhpc.eval.rollout import run_episode  # noqa: E402
 from embodyhpc.eval.shards import Episode  # noqa: E402
 from embodyhpc.eval.suites import EvalEnv, Suite, make_suite  # noqa: E402
 
+pytestmark = pytest.mark.sim  # steps a simulator
+
 TASK = "reach-v3"
 require("metaworld", "sim")
 from embodyhpc.sim import metaworld as mw  # noqa: E402

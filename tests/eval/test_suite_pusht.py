@@ -18,6 +18,8 @@ from embodyhpc.eval.shards import Episode  # noqa: E402
 from embodyhpc.eval.suite_pusht import MAX_STEPS  # noqa: E402
 from embodyhpc.eval.suites import episode_seed, make_suite  # noqa: E402
 
+pytestmark = pytest.mark.sim  # steps a simulator
+
 require("gym_pusht", "sim")
 
 

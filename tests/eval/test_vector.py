@@ -21,6 +21,8 @@ from embodyhpc.eval.suites import make_suite  # noqa: E402
 from embodyhpc.eval.vector import PerEnvPolicies, SuiteSpec, run_shard_vector  # noqa: E402
 from tests.eval.fake_suite import LineSuite  # noqa: E402
 
+pytestmark = pytest.mark.sim  # steps a simulator
+
 OUTCOME = ("task", "seed", "episode", "success", "return", "length", "success_step", "video")
 
 
@@ -71,6 +73,7 @@ def test_line_world_n_envs_give_the_records_of_n_sequential_episodes(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_metaworld_expert_and_random_rows_are_the_same_with_three_envs(tmp_path):
     require("metaworld", "sim")
     spec = SuiteSpec.of("metaworld", ["reach-v3", "button-press-topdown-v3"])
@@ -82,6 +85,7 @@ def test_metaworld_expert_and_random_rows_are_the_same_with_three_envs(tmp_path)
             assert any(r["success"] for r in vec) and any(r["length"] > 1 for r in vec)
 
 
+@pytest.mark.slow
 def test_the_trained_policy_serves_every_env_in_one_batch_and_acts_as_it_does_alone(tmp_path):
     """Tiny pi0.5 (random weights) on MetaWorld with a camera: chunks of several envs come from one forward, and
     each episode gets the actions it gets on its own (its noise from its own generator)."""

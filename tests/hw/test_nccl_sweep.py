@@ -85,6 +85,7 @@ def test_worker_measures_on_one_process_without_slurm():
 
 
 @pytest.mark.slurm
+@pytest.mark.xdist_group("slurm")  # one worker: the cluster has 2 nodes
 def test_sweep_on_the_local_two_node_cluster(slurm_cluster):
     variants = {"small_buf": {"NCCL_BUFFSIZE": "1048576", "NCCL_DEBUG": "WARN"},
                 "big_buf": {"NCCL_BUFFSIZE": "8388608", "NCCL_DEBUG": "INFO"}}

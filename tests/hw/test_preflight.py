@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -34,17 +33,36 @@ def node(tmp_path):
     return run, sysfs, logs
 
 
+@pytest.fixture
+def imports(monkeypatch) -> list[str]:
+    """Every module name imported (by an import statement) while the test runs: the preflight's cost is what it
+    does, and the slow parts it leaves out on purpose (torch's ~2 s of imports, the write-speed probe's module)
+    are named here, not timed."""
+    import builtins
+
+    names: list[str] = []
+    real = builtins.__import__
+
+    def recording(name, *args, **kwargs):
+        names.append(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", recording)
+    return names
+
+
 def _report(logs, name="gpu-017"):
     return json.loads((logs / f"preflight-{name}.json").read_text())
 
 
-def test_healthy_ib_node_passes_quickly_and_writes_its_report(node):
+def test_healthy_ib_node_passes_quickly_and_writes_its_report(node, imports):
     run, sysfs, logs = node
     fs.ndr_ib_node(sysfs)
     result = run(dataset_bytes=10 << 20)
+    assert not [name for name in imports if name.split(".")[0] in ("torch", "numpy")]  # quickly: no torch probe
     assert result.status is Status.OK, result.checks
     assert [c.name for c in result.checks] == ["gpus", "ib", "nvme", "checkpoint_dir"]
-    assert result.gpu_count == 8 and result.elapsed_s < 1.0
+    assert result.gpu_count == 8 and result.elapsed_s >= 0
     data = _report(logs)
     assert data["hostname"] == "gpu-017" and data["status"] == "ok" and data["exclude"] is None
     assert data["dataset_bytes"] == 10 << 20 and data["staged_bytes"] == 0
@@ -90,12 +108,12 @@ def test_node_without_gpu_or_rdma_passes_plainly_when_the_recipe_needs_neither(n
     assert reasons["ib"].startswith("no InfiniBand/RoCE devices") and set(reasons) == {"gpus", "ib", "checkpoint_dir"}
 
 
-def test_this_machine_with_the_default_backend_and_real_sysfs(tmp_path):
+def test_this_machine_with_the_default_backend_and_real_sysfs(tmp_path, imports):
     """No fakes: NVML (or its absence) and /sys/class/infiniband of the machine running the tests."""
-    start = time.perf_counter()
     result = preflight(ResourcesConfig(), NetworkConfig(), StagingConfig(), DataConfig(), node="here",
                        checkpoint_dir=tmp_path / "ckpt", logs_dir=tmp_path / "logs")
-    assert result.status is not Status.FAIL and time.perf_counter() - start < 1.0
+    assert not [name for name in imports if name.split(".")[0] in ("torch", "numpy")]
+    assert result.status is not Status.FAIL
     assert (tmp_path / "logs" / "preflight-here.json").is_file()
 
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from embodyhpc.config.load import load_recipe
 from embodyhpc.launch.eval import eval_shard_task, shard_file
 from embodyhpc.orchestrate.api import start_run
 from embodyhpc.rundir import make_run_dir
 from tests.helpers import require
+
+pytestmark = pytest.mark.sim  # steps a simulator
 
 TIMING = ("wall_s", "host", "shard_started_at", "video")  # which episode's film is kept depends on finishing order
 
@@ -30,6 +34,7 @@ def shard_records(tmp_path, envs: int, capsys) -> dict[str, list[dict]]:
             for name in ("expert", "random")}
 
 
+@pytest.mark.slow
 def test_a_shard_of_three_envs_writes_what_a_shard_of_one_writes(tmp_path, capsys):
     require("metaworld", "sim")
     one, three = shard_records(tmp_path, 1, capsys), shard_records(tmp_path, 3, capsys)

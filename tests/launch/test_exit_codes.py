@@ -11,6 +11,8 @@ import pytest
 
 from tests.helpers import run_dir_from, statuses
 
+pytestmark = pytest.mark.sim  # steps a simulator
+
 DEMO = "recipes/smoke_cpu.yaml"
 TINY = ("resources.nodes=1", "eval.shards=3", "eval.array_parallelism=3")
 CHUNK = "{action: [" + ", ".join(str(i / 10) for i in range(10)) + "]}"  # model.action_horizon 10 at 10 fps
@@ -58,6 +60,7 @@ def _one_line_error(result) -> str:
     return errors[0]
 
 
+@pytest.mark.slow
 def test_training_that_fails_at_train_time_exits_1(cli, runs_root, tmp_path):
     garbage = tmp_path / "demos.hdf5"  # exists (passes every check at submit), breaks when training opens it
     garbage.write_bytes(os.urandom(4096))
@@ -69,6 +72,7 @@ def test_training_that_fails_at_train_time_exits_1(cli, runs_root, tmp_path):
     assert statuses(cli, run_dir_from(result.out))["eval"]["state"] == "CANCELLED"  # --json still prints the run
 
 
+@pytest.mark.slow
 def test_no_shard_completing_exits_1(cli, runs_root, broken_metaworld):
     broken_metaworld(4)  # every shard, and the report
     result = cli("submit", DEMO, "--local", f"job.runs_root={runs_root}", *TINY, "train.steps=2")
@@ -77,6 +81,7 @@ def test_no_shard_completing_exits_1(cli, runs_root, broken_metaworld):
     assert "train" not in _one_line_error(result).split(":", 2)[2].split(";")[0]  # training completed
 
 
+@pytest.mark.slow
 def test_one_of_three_shards_failing_exits_1(cli, runs_root, broken_metaworld):
     broken_metaworld(1)
     result = cli("submit", DEMO, "--local", "--json", f"job.runs_root={runs_root}", *TINY, "train.steps=2")
@@ -86,6 +91,7 @@ def test_one_of_three_shards_failing_exits_1(cli, runs_root, broken_metaworld):
     assert statuses(cli, run_dir_from(result.out))["eval"]["array_counts"] == {"COMPLETED": 2, "FAILED": 1}
 
 
+@pytest.mark.slow
 def test_eval_local_with_failing_shards_exits_1(cli, training_run, broken_metaworld):
     run, _ = training_run  # a checkpoint of the recipe's model: export and its checks pass, the shards then fail
     broken_metaworld(8)

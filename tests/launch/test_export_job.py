@@ -249,6 +249,7 @@ def _run_with_source_read_only(source: Path, run: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_checkpoint_in_a_read_only_run_is_exported_into_the_evaluation(training_run, tmp_path):
     source, _ = training_run
     before = tree(source)

@@ -7,25 +7,14 @@ The chain and the conventions are under test, not a success rate (a few steps of
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.helpers import run_dir_from
+from tests.launch.demo import embodyhpc
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sim]
 RECIPE = "recipes/libero_cpu.yaml"
-
-
-def embodyhpc(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    result = subprocess.run([sys.executable, "-m", "embodyhpc.cli.main", *args], capture_output=True, text=True,
-                            env=env, timeout=1500)
-    if ok:
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
 
 
 def test_libero_dataset_train_and_evaluate(tmp_path):

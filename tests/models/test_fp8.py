@@ -54,6 +54,7 @@ def test_layers_whose_dims_are_not_multiples_of_16_stay_high_precision() -> None
     assert not fp8_linear_filter(nn.Linear(128, 256), "layers.0.expert.mlp_norm.modulation")
 
 
+@pytest.mark.slow
 def test_fp8_trains_like_fp32_on_cpu(tiny_cfg) -> None:
     g = torch.Generator().manual_seed(0)
     sample = Pi05Sample(images=torch.rand(1, 3, 32, 32, generator=g), instruction="go",

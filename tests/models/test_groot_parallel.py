@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -58,6 +59,7 @@ def test_fp8_takes_the_block_linears_and_leaves_norms_heads_and_projections():
     assert len(chosen) == 2 * 6 + 2 * 7 + 1 * 6 + 4 * 6 < len(linears)
 
 
+@pytest.mark.slow
 def test_a_torchao_fp8_groot_trains_on_cpu():
     require("torchao.float8", "fp8")
     torch.manual_seed(0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from embodyhpc.config.load import load_recipe
 from embodyhpc.orchestrate.api import start_run
 from embodyhpc.orchestrate.backend_local import run_local_plan
@@ -66,6 +68,7 @@ def _local_run(tmp_path):
     return loaded, run, start_run(loaded, run, backend="local", python=sys.executable, mlflow_run_id=None)
 
 
+@pytest.mark.slow
 def test_the_local_backend_runs_any_plan_by_task_name(tmp_path) -> None:
     """Tasks named in the plan (here: the test's own), an array `array_parallelism` at a time, in order."""
     loaded, run, info = _local_run(tmp_path)
@@ -83,6 +86,7 @@ def test_the_local_backend_runs_any_plan_by_task_name(tmp_path) -> None:
     assert "eval: 2/3 shards completed" in messages and "eval: 3/3 shards completed" in messages
 
 
+@pytest.mark.slow
 def test_the_local_backend_cancels_what_waits_on_a_failed_job(tmp_path) -> None:
     loaded, run, info = _local_run(tmp_path)
     plan = [JobSpec("export", "tests.orchestrate.tasks:fail"),

@@ -30,7 +30,7 @@ MAX_RECOMPILES = 1
 
 @pytest.mark.parametrize("ac", ["none", "full"])
 def test_compiled_blocks_have_no_graph_breaks_and_do_not_recompile_for_new_packings(ac: str) -> None:
-    ranks = run_ranks(workers.compile_counts_scenario, 2, ac, 8, timeout_s=420)
+    ranks = run_ranks(workers.compile_counts_scenario, 2, ac, 8, timeout_s=900)  # a cold inductor cache in CI
     for rank in ranks:
         report = rank["report"]
         assert set(report) == {"vision.blocks.0", "vision.blocks.1", "layers.0", "layers.1"}

@@ -16,6 +16,7 @@ require("torchao", "fp8")
 LOSS_RTOL = 0.05
 
 
+@pytest.mark.slow
 def test_fp8_trains_with_float8_all_gather() -> None:
     ranks = run_ranks(workers.fp8_scenario, 2)
     result = ranks[0]

@@ -25,6 +25,8 @@ from embodyhpc.sim.metaworld import (  # noqa: E402
     make_env,
 )
 
+pytestmark = pytest.mark.sim  # steps a simulator
+
 TASK = "reach-v3"  # the expert succeeds in 34-54 steps: short episodes keep this module fast
 SIZE = 64
 # Decoded frames against a fresh render of the same state: h264 at CRF 18 on yuv420p measured ~5 grey levels
@@ -101,6 +103,7 @@ def test_replay_in_a_fresh_env_reproduces_the_recording(demos):
             env.close()
 
 
+@pytest.mark.slow
 def test_same_seed_same_dataset_with_workers(demos, tmp_path):
     root, summary = demos
     again = generate_demos(tmp_path / "again", tasks=[TASK], episodes_per_task=2, seed=7, image_size=SIZE,

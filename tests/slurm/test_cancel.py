@@ -8,14 +8,14 @@ import pytest
 
 from tests.helpers import run_dir_from, statuses, wait_for
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]  # one worker: the cluster has 2 nodes
 DEMO = "recipes/smoke_cpu.yaml"
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"}
 
 
 def _submit(cli, runs_root, name):
     result = cli("submit", DEMO, "--site", "local", "--json", f"job.runs_root={runs_root}", f"job.name={name}",
-                 "train.steps=100000000")
+                 "train.steps=100000000", "data.synthetic_step_s=0.05")  # sleeps, not spins, until cancelled
     assert result.code == 0, result.err
     return run_dir_from(result.out)
 

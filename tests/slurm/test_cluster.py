@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import run_dir_from, statuses, wait_for
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]  # one worker: the cluster has 2 nodes
 DEMO = "recipes/smoke_cpu.yaml"
 
 
@@ -127,7 +127,7 @@ def test_failed_training_cancels_eval_and_report_says_why(cli, slurm_cluster, ru
 
 
 def test_cancel_stops_the_whole_chain(cli, slurm_cluster, runs_root):
-    run_dir = _submit(cli, runs_root, "train.steps=100000000")
+    run_dir = _submit(cli, runs_root, "train.steps=100000000", "data.synthetic_step_s=0.05")
     wait_for(lambda: statuses(cli, run_dir)["train"]["state"] == "RUNNING", 60, "train RUNNING")
     result = cli("cancel", str(run_dir))
     assert result.code == 0 and "cancelled" in result.out
@@ -139,7 +139,9 @@ def test_cancel_stops_the_whole_chain(cli, slurm_cluster, runs_root):
 
 @pytest.mark.slow
 def test_requeued_training_resumes_and_completes(cli, slurm_cluster, runs_root):
-    run_dir = _submit(cli, runs_root, "train.steps=4000", "checkpoint.every_steps=100", "train.log_every=500")
+    # at least 20 s of paced steps: the requeue, a second or two in, always finds training under way
+    run_dir = _submit(cli, runs_root, "train.steps=2000", "data.synthetic_step_s=0.01", "checkpoint.every_steps=100",
+                      "train.log_every=500")
     state = run_dir / "checkpoints" / "spine-state.pt"
     wait_for(state.is_file, 120, "a progress checkpoint")
     job_id = json.loads((run_dir / "run.json").read_text())["jobs"]["train"]["job_id"]
@@ -148,7 +150,7 @@ def test_requeued_training_resumes_and_completes(cli, slurm_cluster, runs_root):
     assert report["outcome"] == "complete", report
     result = json.loads((run_dir / "logs" / "train_result.json").read_text())
     assert result["restart_count"] >= 1
-    assert 0 < result["resumed_from_step"] < 4000
+    assert 0 < result["resumed_from_step"] < 2000
     assert sorted(result["hostnames"]) == ["n1", "n2"]
 
 
@@ -191,9 +193,9 @@ def _stop_lines(run_dir, job_id: str) -> dict[int, str]:
 
 @pytest.mark.slow
 def test_usr2_saves_on_every_rank_at_one_step_requeues_once_and_resumes_there(cli, slurm_cluster, runs_root):
-    steps = 4000  # ~15-30 s per attempt here; the signal lands within a second of step 100
-    run_dir = _submit(cli, runs_root, f"train.steps={steps}", "checkpoint.every_steps=100", "train.log_every=2000",
-                      "eval.enabled=false")
+    steps = 2000  # at least 20 s of paced steps on any machine; the signal lands within a second of step 100
+    run_dir = _submit(cli, runs_root, f"train.steps={steps}", "data.synthetic_step_s=0.01",
+                      "checkpoint.every_steps=100", "train.log_every=2000", "eval.enabled=false")
     job_id = _signal_training(run_dir)
     result_path = run_dir / "logs" / "train_result.json"
     wait_for(result_path.is_file, 300, "the requeued attempt to finish")
@@ -259,10 +261,11 @@ def test_usr2_stops_the_fsdp_policy_loop_on_both_nodes_and_the_requeued_job_resu
 def test_the_time_limit_signal_from_sbatch_requeues_until_training_completes(cli, slurm_cluster, runs_root):
     """No scancel: `#SBATCH --time=2 --signal=USR2@60` itself. Slurm fires the signal 20-60 s into each attempt
     (FACTS: up to ~40 s early), so the number of attempts varies; every one must resume where the last stopped."""
-    steps = 30000  # more than 60 s of work at this machine's fastest spine rate: the first attempt is signalled
-    run_dir = _submit(cli, runs_root, f"train.steps={steps}", "checkpoint.every_steps=1000", "train.log_every=100000",
-                      "eval.enabled=false", "resources.time=2", "resources.signal_delay_s=60",
-                      "resources.max_requeues=6")
+    # at least 70 s of paced steps on any machine, however fast: more than an attempt lasts before its signal
+    steps = 1400
+    run_dir = _submit(cli, runs_root, f"train.steps={steps}", "data.synthetic_step_s=0.05",
+                      "checkpoint.every_steps=100", "train.log_every=100000", "eval.enabled=false", "resources.time=2",
+                      "resources.signal_delay_s=60", "resources.max_requeues=6")
     job_id = _train_job_id(run_dir)
     result_path = run_dir / "logs" / "train_result.json"
     wait_for(result_path.is_file, 540, "training to complete across time-limited attempts")
@@ -279,8 +282,9 @@ def test_the_time_limit_signal_from_sbatch_requeues_until_training_completes(cli
 
 
 def test_usr2_beyond_the_retry_limit_fails_the_job_and_says_why(cli, slurm_cluster, runs_root):
-    run_dir = _submit(cli, runs_root, "train.steps=100000000", "checkpoint.every_steps=100", "train.log_every=100000",
-                      "eval.enabled=false", "resources.max_requeues=0")
+    run_dir = _submit(cli, runs_root, "train.steps=100000000", "data.synthetic_step_s=0.01",
+                      "checkpoint.every_steps=100", "train.log_every=100000", "eval.enabled=false",
+                      "resources.max_requeues=0")
     job_id = _signal_training(run_dir)
     result_path = run_dir / "logs" / "train_result.json"
     wait_for(result_path.is_file, 120, "the failure to be recorded")

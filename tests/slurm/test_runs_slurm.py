@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import run_dir_from, wait_for
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]  # one worker: the cluster has 2 nodes
 DEMO = "recipes/smoke_cpu.yaml"
 
 
@@ -21,7 +21,7 @@ def _runs(cli, runs_root) -> dict[str, dict]:
 
 def test_runs_and_watch_follow_a_real_slurm_run(cli, slurm_cluster, runs_root):
     long = run_dir_from(cli("submit", DEMO, "--site", "local", "--json", f"job.runs_root={runs_root}",
-                            "job.name=long", "train.steps=100000000").out)
+                            "job.name=long", "train.steps=100000000", "data.synthetic_step_s=0.05").out)
     short = run_dir_from(cli("submit", DEMO, "--site", "local", "--json", f"job.runs_root={runs_root}",
                              "job.name=short", "train.steps=2000", "eval.enabled=false").out)
     try:

@@ -31,3 +31,31 @@ def sqlite_uri(tmp_path, _store_template) -> str:
     uri = f"sqlite:///{db}"
     init_store(uri)  # the up-to-date path: takes the lock, finds nothing to do
     return uri
+
+
+@pytest.fixture
+def unreachable(monkeypatch):
+    """A tracking URI nothing listens on, and what calls to it cost, counted instead of timed: every connection
+    tried and every back-off sleep asked for (not slept). MLflow alone, on one request: 8 connections and ~250 s of
+    back-off (7 retries, factor 2); the project's bounds keep both small whatever the machine's speed."""
+    import socket
+    import time
+    from types import SimpleNamespace
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens there once the socket is closed
+    cost = SimpleNamespace(uri=f"http://127.0.0.1:{port}", connects=0, backoff_s=0.0)
+    real_connect = socket.socket.connect
+
+    def connect(self, address):
+        if isinstance(address, tuple) and address[1:2] == (port,):
+            cost.connects += 1
+        return real_connect(self, address)
+
+    def sleep(seconds: float) -> None:
+        cost.backoff_s += seconds
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(time, "sleep", sleep)
+    return cost

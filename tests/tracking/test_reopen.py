@@ -60,6 +60,7 @@ def test_unknown_and_deleted_runs_are_errors(sqlite_uri):
         reopen_run(sqlite_uri, run_id, after_step=3)
 
 
+@pytest.mark.slow
 def test_a_server_keeps_them_and_says_which(mlflow_server):
     run_id = _run(mlflow_server)
     reopened = reopen_run(mlflow_server, run_id, after_step=6)

@@ -38,6 +38,7 @@ def test_tracking_uri_default_is_sqlite_under_runs_root(tmp_path, monkeypatch):
     assert mr.sqlite_path("http://mlflow.example:5000") is None
 
 
+@pytest.mark.slow  # two fresh schema migrations: ~2.5 s
 def test_init_store_twice_and_default_experiment_beside_db(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # MLflow's own default would put artifacts here
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
@@ -164,6 +165,7 @@ def test_create_run_many_params_in_batches(sqlite_uri):
     assert len(mr.find_run(sqlite_uri, run_id)["params"]) == 250
 
 
+@pytest.mark.slow
 def test_child_run_from_another_process(tmp_path, sqlite_uri):
     parent = mr.create_run(sqlite_uri, experiment="pick", run_name="train", params={}, tags={})
     plot, videos = report_files(tmp_path)

@@ -97,7 +97,7 @@ class Browser:
     def text(self) -> str:
         return self.run("return document.body ? document.body.innerText : ''")
 
-    def wait_for(self, condition: Callable[[], Any], timeout_s: float = 30.0, what: str = "the page") -> Any:
+    def wait_for(self, condition: Callable[[], Any], timeout_s: float = 120.0, what: str = "the page") -> Any:
         """Poll `condition` until it returns something true; AssertionError with the page's text on timeout."""
         deadline = time.monotonic() + timeout_s
         while True:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from embodyhpc.checkpoint import list_steps, load_exported
@@ -15,6 +16,7 @@ from tests.train import groot_workers
 STEPS = 3
 
 
+@pytest.mark.slow
 def test_two_ranks_train_groot_with_fsdp2(tmp_path):
     results = run_ranks(groot_workers.groot_train_job, 2, str(tmp_path), STEPS, timeout_s=300)
     assert [r["final_step"] for r in results] == [STEPS, STEPS]
@@ -36,6 +38,7 @@ def test_two_ranks_train_groot_with_fsdp2(tmp_path):
     assert sum(not torch.equal(weights[k], initial[k]) for k in trained) >= len(trained) // 2
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_published_groot_weights(tmp_path):
     """model.init_weights with a file in the nvidia/GR00T-N1.5-3B layout: each rank reads its shards' rows through
     the spec's adapter; the frozen VLM leaves training exactly as published."""

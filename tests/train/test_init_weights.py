@@ -105,6 +105,7 @@ def test_an_embodyhpc_export_loads_the_same_way(tmp_path):
         assert torch.equal(full[name], value), name
 
 
+@pytest.mark.slow
 def test_a_fresh_run_fine_tunes_from_init_weights_and_a_resumed_one_ignores_them(tmp_path):
     from embodyhpc.checkpoint import load_exported
     from tests.train import workers as loop_workers

@@ -97,6 +97,7 @@ def _same_steps(expected: list[dict], got: list[dict]) -> None:
 
 
 # ---- preemption: a signal on one rank, every rank stops at the same step, resume continues exactly ----
+@pytest.mark.slow
 def test_sigusr2_on_one_rank_stops_every_rank_at_one_step_and_the_resume_continues_exactly(full_run, tmp_path):
     run_dir, _ = full_run
     stopped_dir = tmp_path / "preempted"
@@ -124,7 +125,7 @@ def _num_frames() -> int:
     return json.loads((workers.FIXTURE / "meta" / "info.json").read_text())["total_frames"]
 
 
-@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("world_size", [1, pytest.param(3, marks=pytest.mark.slow)])  # 3 ranks on 2 cores: ~3 s
 def test_resume_on_another_world_size_continues_the_same_sample_order(full_run, tmp_path, world_size):
     run_dir, full_results = full_run
     resumed = tmp_path / f"resumed_w{world_size}"

@@ -162,7 +162,8 @@ def test_local_run_signalled_on_one_rank_restarts_and_resumes_at_the_saved_step(
     thread = threading.Thread(target=signal_rank1_once_training_runs, daemon=True)
     thread.start()
     result = cli("submit", "recipes/smoke_cpu.yaml", "--local", "--json", f"job.runs_root={runs_root}",
-                 "train.steps=8000", "checkpoint.every_steps=100", "train.log_every=100000", "eval.enabled=false")
+                 "train.steps=2000", "data.synthetic_step_s=0.005", "checkpoint.every_steps=100",
+                 "train.log_every=100000", "eval.enabled=false")  # at least 10 s of paced steps on any machine
     thread.join(timeout=5)
     assert result.code == 0, result.err
     assert signalled, "rank 1 was never signalled"
@@ -170,7 +171,7 @@ def test_local_run_signalled_on_one_rank_restarts_and_resumes_at_the_saved_step(
     attempts = [json.loads(line) for line in (run_dir / launch_train.ATTEMPTS_FILE).read_text().splitlines()]
     assert [(a["outcome"], a["signal"], a["restart_count"]) for a in attempts] == [("requeued", "SIGUSR2", 0)]
     train = json.loads((run_dir / launch_train.RESULT_FILE).read_text())
-    assert train["status"] == "completed" and train["steps"] == 8000
+    assert train["status"] == "completed" and train["steps"] == 2000
     assert train["resumed_from_step"] == attempts[0]["step"] and train["restart_count"] == 1
 
 

@@ -17,6 +17,8 @@ from embodyhpc.config.load import load_recipe
 from embodyhpc.errors import ConfigError
 from tests.helpers import run_dir_from
 
+pytestmark = pytest.mark.sim  # steps a simulator
+
 REPO = Path(__file__).resolve().parents[3]
 
 
