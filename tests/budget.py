@@ -33,9 +33,7 @@ FILES_SHOWN = 15
 EXEMPT_MARKERS = ("slow", "slurm", "gpu")  # the markers that keep a test out of `make test-fast`
 MARKERS_PROPERTY = "budget_markers"
 SHARED_PROPERTY = "budget_shared_setup_s"  # seconds of the setup spent on session, package or module fixtures
-
-
-FIXTURES_PROPERTY = "budget_shared_fixtures"
+FIXTURES_PROPERTY = "budget_shared_fixtures"  # [(fixture (scope), seconds)] set up for this test
 _SETTING_UP: list[pytest.Item] = []
 _SHARED_DEPTH: list[str] = []
 
@@ -90,13 +88,13 @@ def pytest_addoption(parser):
                     help="fail when a test that ran took longer than fast_test_budget_s (make test-fast)")
     group.addoption("--suite-budget", choices=("fast", "full"), default=None,
                     help="check the run's wall time against fast_suite_budget_s or suite_budget_s")
-    parser.addini("fast_test_budget_s", "the most seconds a test in `make test-fast` may take", default="2.0")
-    parser.addini("fast_suite_budget_s", "the most seconds `make test-fast`'s pytest may take", default="180")
-    parser.addini("suite_budget_s", "the most seconds the pytest part of `make test` may take", default="1500")
+    # the numbers themselves live in pyproject.toml only: a budget it does not set is an error where it is needed
+    parser.addini("fast_test_budget_s", "the most seconds a test in `make test-fast` may take")
+    parser.addini("fast_suite_budget_s", "the most seconds `make test-fast`'s pytest may take")
+    parser.addini("suite_budget_s", "the most seconds the pytest part of `make test` may take")
+    parser.addini("budget_reference_s", "seconds the project's machine takes for calibrate()'s fixed work")
     parser.addini("test_durations_file", "where each run writes every test's time (relative to the rootdir)",
                   default=".cache/test-durations.jsonl")
-    parser.addini("budget_reference_s", "seconds the project's machine takes for calibrate()'s fixed work",
-                  default="0.065")
 
 
 def calibrate() -> float:
@@ -181,10 +179,13 @@ def order_by_weight(items: list[pytest.Item]) -> None:
 def _ini_float(config: pytest.Config, name: str) -> float:
     value = config.getini(name)
     try:
-        return float(value)
-    except ValueError:
-        raise pytest.UsageError(f"pyproject.toml [tool.pytest.ini_options] {name} = {value!r}: not a number "
-                                f"of seconds") from None
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not seconds > 0:
+        raise pytest.UsageError(f"pyproject.toml [tool.pytest.ini_options] {name} = {value!r}: set it to a number "
+                                f"of seconds above 0")
+    return seconds
 
 
 def pytest_configure(config):

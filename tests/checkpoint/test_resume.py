@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.checkpoint import jobs
 from tests.checkpoint.distributed import run_ranks
 
 
+@pytest.mark.slow  # two 2-rank jobs one after the other: ~2.5 s
 def test_resumed_run_matches_an_uninterrupted_run_loss_for_loss(tmp_path):
     run_ranks(jobs.resume_first_job, 2, str(tmp_path))
     run_ranks(jobs.resume_second_job, 2, str(tmp_path))

@@ -93,7 +93,7 @@ def test_sweep_on_the_local_two_node_cluster(slurm_cluster):
                "--iters", "3", "--warmup", "1", "--budget-s", "0.2", "--step-timeout-s", "100"]
     for name, env in variants.items():
         command += ["--variant", f"{name}:" + ",".join(f"{k}={v}" for k, v in env.items())]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=150,
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=400,
                           env={**os.environ, "SLURM_CONF": slurm_cluster})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)

@@ -22,7 +22,7 @@ def _submit(cli, runs_root, *overrides):
     return run_dir
 
 
-def _report(run_dir, timeout_s=180):
+def _report(run_dir, timeout_s=420):  # bounds for a loaded 2-core machine, not speeds
     path = run_dir / "eval" / "report.json"
     wait_for(path.is_file, timeout_s, f"{path}")
     return json.loads(path.read_text())
@@ -52,7 +52,7 @@ def test_two_node_chain_train_eval_array_report(cli, slurm_cluster, runs_root):
 
     info = json.loads((run_dir / "run.json").read_text())
     parent = wait_for(lambda: (r := find_run(mlflow_uri, info["mlflow_run_id"])) and r["status"] == "FINISHED"
-                      and r, 30, "training run FINISHED in MLflow")
+                      and r, 90, "training run FINISHED in MLflow")
     assert "train/final_loss" in parent["metrics"]
     child = find_run(mlflow_uri, report["mlflow_child_run_id"])
     assert child["parent_run_id"] == info["mlflow_run_id"] and child["status"] == "FINISHED"
@@ -64,7 +64,7 @@ def test_two_node_chain_train_eval_array_report(cli, slurm_cluster, runs_root):
         j["state"] == "COMPLETED" for j in s.values()) and s, 60, "sacct to show COMPLETED")
     assert jobs["eval"]["array_counts"] == {"COMPLETED": 4}
     assert jobs["train"]["nodes"] == "n[1-2]" or wait_for(
-        lambda: statuses(cli, run_dir)["train"]["nodes"] == "n[1-2]", 30, "train node list")
+        lambda: statuses(cli, run_dir)["train"]["nodes"] == "n[1-2]", 90, "train node list")
     text = cli("status", str(run_dir)).out
     assert "report: complete" in text and "4/4 done" in text
     # -f returns once the job has ended, after printing every task's output
@@ -128,7 +128,7 @@ def test_failed_training_cancels_eval_and_report_says_why(cli, slurm_cluster, ru
 
 def test_cancel_stops_the_whole_chain(cli, slurm_cluster, runs_root):
     run_dir = _submit(cli, runs_root, "train.steps=100000000", "data.synthetic_step_s=0.05")
-    wait_for(lambda: statuses(cli, run_dir)["train"]["state"] == "RUNNING", 60, "train RUNNING")
+    wait_for(lambda: statuses(cli, run_dir)["train"]["state"] == "RUNNING", 180, "train RUNNING")
     result = cli("cancel", str(run_dir))
     assert result.code == 0 and "cancelled" in result.out
     jobs = wait_for(lambda: (s := statuses(cli, run_dir)) and all(
