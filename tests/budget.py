@@ -12,8 +12,10 @@ budget is in seconds of the project's 2-core machine, and a test is judged on it
 found over it in the parallel run is timed again alone (one serial pytest run of every such test) and fails the run
 only if it is over again, against the budget scaled by how much slower this machine runs a fixed piece of Python than
 the project's (`budget_reference_s`; never below 1x). The suite budgets (`suite_budget_s` for the pytest part of
-`make test`, `fast_suite_budget_s` for `make test-fast`) are printed beside the measured totals, and exceeding one is
-an error too; `make test` counts both its halves from EMBODYHPC_TESTS_STARTED (epoch seconds).
+`make test`, `fast_suite_budget_s` for `make test-fast`) are printed beside the measured totals, and a run over one
+(scaled alike) says so loudly at the end without failing: how long a whole run takes depends on the machine's load
+too, and a busy CI machine must not turn a green suite red. `make test` counts both its halves from
+EMBODYHPC_TESTS_STARTED (epoch seconds).
 """
 
 from __future__ import annotations
@@ -98,15 +100,15 @@ def pytest_addoption(parser):
 
 
 def calibrate() -> float:
-    """Seconds this machine takes for a fixed piece of pure Python (the best of five: a busy moment is not the
-    machine's speed). A test's budget scales by this over budget_reference_s, never below 1x."""
+    """Seconds this machine takes to start a Python process that imports torch (the best of three: a busy moment
+    is not the machine's speed): what the fast loop's slowest tests (2-rank jobs, CLI subprocesses) are made of.
+    Budgets scale by this over budget_reference_s, never below 1x."""
     def once() -> float:
-        started, total = time.perf_counter(), 0
-        for i in range(1_000_000):
-            total += i * i % 7
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch"], check=True, capture_output=True, timeout=300)
         return time.perf_counter() - started
 
-    return min(once() for _ in range(5))
+    return min(once() for _ in range(3))
 
 
 class Budget:
@@ -241,8 +243,11 @@ class _Reporter:
             limit = _ini_float(config, name)
             budget.suite_line = f"pytest took {wall_s:.0f} s of {name} = {limit:g} s"
             if wall_s > limit and session.testscollected:
-                problems.append(f"the run took {wall_s:.0f} s, over {name} = {limit:g} s: the slowest tests and files "
-                                f"are listed above")
+                scale = max(1.0, calibrate() / _ini_float(config, "budget_reference_s"))
+                budget.suite_line += f" (x{scale:.2f} for this machine's speed: {limit * scale:.0f} s)"
+                if wall_s > limit * scale:  # said loudly, not a failure: a loaded machine must not fail CI
+                    budget.notes.append(f"OVER BUDGET: the run took {wall_s:.0f} s, over {name} = {limit:g} s "
+                                        f"x{scale:.2f}: the slowest tests, files and fixtures are listed above")
         budget.problems = problems
         budget.wall_s = wall_s
         _write(config, budget, wall_s)

@@ -28,7 +28,7 @@ markers =
     slurm: slurm
     gpu: gpu
 fast_test_budget_s = 0.4
-budget_reference_s = 0.065
+budget_reference_s = 1.15
 test_durations_file = durations.jsonl
 """
 
@@ -103,9 +103,13 @@ def test_a_shared_fixture_is_the_suites_cost_not_the_first_tests(tmp_path):
     assert first["s"] >= 1.0 and first["shared_s"] >= 1.0 and first["s"] - first["shared_s"] < 0.4
 
 
-def test_the_suite_budget_is_checked(tmp_path):
+def test_a_run_over_the_suite_budget_says_so_without_failing(tmp_path):
     result, _ = suite(tmp_path, SLOW_AND_MARKED, "--suite-budget", "fast", "-o", "fast_suite_budget_s=0.5")
-    assert result.returncode == 1 and "over fast_suite_budget_s = 0.5 s" in result.stdout, result.stdout
+    assert result.returncode == 0, result.stdout  # a loaded machine must not fail CI: said, loudly
+    assert "OVER BUDGET: the run took" in result.stdout and "over fast_suite_budget_s = 0.5 s" in result.stdout
+    result, _ = suite(tmp_path, SLOW_AND_MARKED, "--suite-budget", "fast", "-o", "fast_suite_budget_s=600")
+    assert result.returncode == 0 and "of fast_suite_budget_s = 600 s" in result.stdout
+    assert "OVER BUDGET" not in result.stdout
 
 
 def test_under_xdist_the_controller_judges_every_workers_tests(tmp_path):
