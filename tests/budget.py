@@ -114,9 +114,12 @@ def calibrate() -> float:
 class Budget:
     """Collects each test's phases (on the controller when xdist runs workers) and judges them at the end."""
 
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
+    def __init__(self) -> None:
         self.started = time.monotonic()
+        self.wall_s = 0.0
+        self.suite_line = ""
+        self.problems: list[str] = []
+        self._scale: float | None = None
         self.seconds: dict[str, float] = defaultdict(float)
         self.markers: dict[str, tuple[str, ...]] = {}
         self.outcomes: dict[str, str] = {}
@@ -146,6 +149,13 @@ class Budget:
         return sorted(((node, self.own_seconds(node)) for node in self.seconds
                        if self.own_seconds(node) > limit_s and not self.markers.get(node)
                        and self.outcomes.get(node) != "skipped"), key=lambda item: -item[1])
+
+    def speed_scale(self, config: pytest.Config) -> float:
+        """How many times longer budgets are on this machine (calibrate() over budget_reference_s, at least 1),
+        measured once per run and only when a budget is in doubt."""
+        if self._scale is None:
+            self._scale = max(1.0, calibrate() / _ini_float(config, "budget_reference_s"))
+        return self._scale
 
     def by_file(self) -> list[tuple[str, float, int]]:
         files: dict[str, list[float]] = defaultdict(list)
@@ -194,7 +204,7 @@ def pytest_configure(config):
     config.pluginmanager.register(_FixtureTiming(), "embodyhpc-fixture-timing")
     if hasattr(config, "workerinput"):  # an xdist worker: the controller keeps the books
         return
-    config.stash[_KEY] = Budget(config)
+    config.stash[_KEY] = Budget()
 
 
 _KEY = pytest.StashKey[Budget]()
@@ -228,7 +238,8 @@ class _Reporter:
             limit = _ini_float(config, "fast_test_budget_s")
             over = budget.over_fast_budget(limit)
             if over:
-                confirmed, scale = _time_alone(config, over, limit)
+                scale = budget.speed_scale(config)
+                confirmed = _time_alone(config, over, limit * scale)
                 if confirmed:
                     problems.append(
                         f"{len(confirmed)} test(s) in the fast loop took longer than fast_test_budget_s = {limit:g} s "
@@ -243,7 +254,7 @@ class _Reporter:
             limit = _ini_float(config, name)
             budget.suite_line = f"pytest took {wall_s:.0f} s of {name} = {limit:g} s"
             if wall_s > limit and session.testscollected:
-                scale = max(1.0, calibrate() / _ini_float(config, "budget_reference_s"))
+                scale = budget.speed_scale(config)
                 budget.suite_line += f" (x{scale:.2f} for this machine's speed: {limit * scale:.0f} s)"
                 if wall_s > limit * scale:  # said loudly, not a failure: a loaded machine must not fail CI
                     budget.notes.append(f"OVER BUDGET: the run took {wall_s:.0f} s, over {name} = {limit:g} s "
@@ -264,8 +275,9 @@ class _Reporter:
         for node, s in seconds[:SLOWEST_SHOWN]:
             marks = ",".join(budget.markers.get(node, ())) or "-"
             tr.write_line(f"{s:8.1f} s  {marks:<10} {node}")
-        tr.section(f"the {min(FILES_SHOWN, len(budget.by_file()))} slowest files")
-        for path, s, n in budget.by_file()[:FILES_SHOWN]:
+        files = budget.by_file()
+        tr.section(f"the {min(FILES_SHOWN, len(files))} slowest files")
+        for path, s, n in files[:FILES_SHOWN]:
             tr.write_line(f"{s:8.1f} s  {n:5d} tests  {path}")
         shared = sorted(budget.fixtures.items(), key=lambda item: -item[1])
         if shared and shared[0][1] >= 1:
@@ -273,13 +285,13 @@ class _Reporter:
             for name, s in shared[:10]:
                 tr.write_line(f"{s:8.1f} s  {name}")
         total = sum(s for _, s in seconds)
-        tr.write_line(f"wall {getattr(budget, 'wall_s', 0):.0f} s; test time {total:.0f} s over {len(seconds)} "
+        tr.write_line(f"wall {budget.wall_s:.0f} s; test time {total:.0f} s over {len(seconds)} "
                       f"tests; every test's time: {_path(config)}")
-        if getattr(budget, "suite_line", None):
+        if budget.suite_line:
             tr.write_line(budget.suite_line)
         for note in budget.notes:
             tr.write_line(f"budget: {note}")
-        for problem in getattr(budget, "problems", []):
+        for problem in budget.problems:
             tr.write_line(f"BUDGET: {problem}", red=True, bold=True)
 
 
@@ -304,12 +316,10 @@ def _write(config: pytest.Config, budget: Budget, wall_s: float) -> None:
         config.get_terminal_reporter().write_line(f"could not write {path}: {exc}")
 
 
-def _time_alone(config: pytest.Config, over: list[tuple[str, float]], limit: float
-                ) -> tuple[list[tuple[str, float]], float]:
+def _time_alone(config: pytest.Config, over: list[tuple[str, float]], limit: float) -> list[tuple[str, float]]:
     """Run the tests of `over` again in one serial pytest process (no xdist, nothing else of this run beside them)
-    and return those still over `limit` x this machine's speed factor, with their times alone, and the factor. If
-    they cannot be timed alone, the run's own times judge them."""
-    scale = max(1.0, calibrate() / _ini_float(config, "budget_reference_s"))
+    and return those still over `limit` (already scaled to this machine), with their times. If they cannot be timed
+    alone, the run's own times judge them."""
     out = Path(config.rootpath) / ".cache" / f"budget-rerun-{os.getpid()}.jsonl"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
                "-o", f"test_durations_file={out.relative_to(config.rootpath)}", *(node for node, _ in over)]
@@ -318,13 +328,13 @@ def _time_alone(config: pytest.Config, over: list[tuple[str, float]], limit: flo
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         alone = {row["test"]: row["s"] - row.get("shared_s", 0.0) for row in rows if "test" in row}
     except (OSError, subprocess.TimeoutExpired, ValueError):
-        return [(node, s) for node, s in over if s > limit * scale], scale
+        return [(node, s) for node, s in over if s > limit]
     finally:
         out.unlink(missing_ok=True)
     # over in both: the run may have been slowed by its neighbours, the rerun by costs the run shared (a fork
     # server, the first import of a library)
     both = [(node, min(s, alone.get(node, s))) for node, s in over]
-    return [(node, s) for node, s in both if s > limit * scale], scale
+    return [(node, s) for node, s in both if s > limit]
 
 
 def write_weights(sources: list[Path]) -> dict[str, float]:

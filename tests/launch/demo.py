@@ -10,11 +10,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.helpers import run_dir_from
 
 TASKS = "reach-v3,button-press-topdown-v3,drawer-open-v3,door-open-v3"
 PI05_DEMO = "recipes/demo_metaworld_cpu.yaml"
@@ -41,4 +42,4 @@ def run_pi05_demo(out: Path, demos: Path) -> None:
     """The run's folder is recorded in `out/run_dir`."""
     result = embodyhpc("submit", PI05_DEMO, "--local", "--json", f"job.runs_root={out / 'runs'}", f"data.root={demos}",
                        f"eval.episodes_per_task={PI05_EPISODES_PER_TASK}", "eval.shards=2")
-    (out / "run_dir").write_text(json.loads(result.stdout)["run_dir"])
+    (out / "run_dir").write_text(str(run_dir_from(result.stdout)))
