@@ -49,17 +49,24 @@ demo: setup
 # run), and a failure in either fails the target after both ran.
 PYTEST := $(PY) -m pytest -q
 WORKERS ?= 2
-FAST := -m "not slurm and not slow" -n $(WORKERS) --dist loadgroup --fast-budget --suite-budget fast
+# `make test-fast` fails on a test over the fast loop's budget; `make test` (what CI runs, on slower and busier
+# machines) reports it loudly without failing. The fast half's failures are repeated at the very end, where a CI
+# log's tail shows them.
+FAST := -m "not slurm and not slow" -n $(WORKERS) --dist loadgroup --suite-budget fast
 SLOW := -m "slurm or slow" -n $(WORKERS) --dist loadgroup --suite-budget full
+FAST_LOG := .cache/test-fast-half.log
 
 test: setup slurm-up
-	@export EMBODYHPC_TESTS_STARTED=$$(date +%s); rc=0; \
-	$(PYTEST) $(FAST) -o test_durations_file=.cache/test-durations-fast.jsonl || rc=$$?; \
+	@set -o pipefail; mkdir -p .cache; export EMBODYHPC_TESTS_STARTED=$$(date +%s); rc=0; \
+	$(PYTEST) $(FAST) --fast-budget=report -o test_durations_file=.cache/test-durations-fast.jsonl \
+		2>&1 | tee $(FAST_LOG) || rc=$$?; \
 	$(PYTEST) $(SLOW) -o test_durations_file=.cache/test-durations-slow.jsonl || rc=$$?; \
+	echo "== the fast half (full log: $(FAST_LOG)) =="; \
+	grep -E '^(FAILED|ERROR) |BUDGET|^[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)' $(FAST_LOG) || true; \
 	exit $$rc
 
 test-fast: setup
-	$(PYTEST) $(FAST)
+	$(PYTEST) $(FAST) --fast-budget
 
 test-weights:  ## tests/durations.json (the order make test starts files in) from the last `make test`
 	$(PY) -m tests.budget

@@ -5,8 +5,10 @@ Every run prints the slowest tests and files at the end and writes every test's 
 is its setup + call + teardown, as pytest's own `--durations` counts it; under pytest-xdist the controller sees every
 worker's reports, so the list covers the whole run.
 
-`--fast-budget` (what `make test-fast` and the fast half of `make test` pass) fails the run when a test that ran
-took longer than `fast_test_budget_s`: the fast loop holds unit and contract tests; anything slower is marked `slow`
+`--fast-budget` (what `make test-fast` passes) fails the run when a test that ran took longer than
+`fast_test_budget_s`; `--fast-budget=report` (the fast half of `make test`, which CI runs) prints the same finding
+loudly without failing, because CI's machines are slower and busier than the project's and a green suite must not
+turn red on a moment of load: the fast loop holds unit and contract tests; anything slower is marked `slow`
 (or `slurm`), so it runs in `make test` and in CI but never silently in the loop a developer runs all day. The
 budget is in seconds of the project's 2-core machine, and a test is judged on its own, not on a moment of load: one
 found over it in the parallel run is timed again alone (one serial pytest run of every such test) and fails the run
@@ -86,8 +88,9 @@ def carry_markers(items: list[pytest.Item]) -> None:
 
 def pytest_addoption(parser):
     group = parser.getgroup("embodyhpc budget")
-    group.addoption("--fast-budget", action="store_true", default=False,
-                    help="fail when a test that ran took longer than fast_test_budget_s (make test-fast)")
+    group.addoption("--fast-budget", nargs="?", const="fail", default=None, choices=("fail", "report"),
+                    help="judge every test that ran against fast_test_budget_s: fail the run on one over it "
+                         "(make test-fast), or =report: say so without failing (make test, which CI runs)")
     group.addoption("--suite-budget", choices=("fast", "full"), default=None,
                     help="check the run's wall time against fast_suite_budget_s or suite_budget_s")
     # the numbers themselves live in pyproject.toml only: a budget it does not set is an error where it is needed
@@ -241,7 +244,9 @@ class _Reporter:
                 scale = budget.speed_scale(config)
                 confirmed = _time_alone(config, over, limit * scale)
                 if confirmed:
-                    problems.append(
+                    failing = config.getoption("fast_budget") == "fail"
+                    (problems if failing else budget.notes).append(
+                        ("" if failing else "OVER BUDGET (reported; make test-fast fails on it): ") +
                         f"{len(confirmed)} test(s) in the fast loop took longer than fast_test_budget_s = {limit:g} s "
                         f"(x{scale:.2f} for this machine's speed) on their own, in the run and again alone; make them "
                         f"faster or mark them slow: " + ", ".join(f"{node} ({s:.1f} s)" for node, s in confirmed))

@@ -75,6 +75,12 @@ def test_a_fast_loop_run_fails_on_an_unmarked_test_over_its_budget_only(tmp_path
     assert [row["s"] for row in rows if "test" in row] == sorted((row["s"] for row in rows if "test" in row),
                                                                  reverse=True)
     assert rows[-1]["summary"]["tests"] == 3
+    # =report (make test, which CI runs) finds the same test and says so without failing the run
+    result, _ = suite(tmp_path, SLOW_AND_MARKED, "--fast-budget=report")
+    assert result.returncode == 0, result.stdout
+    [line] = [line for line in result.stdout.splitlines() if "OVER BUDGET (reported" in line]
+    assert "test_small.py::test_over_the_budget" in line and "test_marked_slow" not in line, line
+    assert not [line for line in result.stdout.splitlines() if line.startswith("BUDGET: ")]
     # the same suite without --fast-budget only reports
     result, _ = suite(tmp_path, SLOW_AND_MARKED)
     assert result.returncode == 0 and "BUDGET" not in result.stdout
