@@ -32,13 +32,24 @@ def statuses(cli, run_dir: Path) -> dict[str, dict]:
 DOUBLES = Path(__file__).resolve().parent / "doubles"
 
 
-def use_doubles(*packages: str) -> None:
+TE_DOUBLE_CUDA = "EMBODYHPC_TE_DOUBLE_CUDA"
+"""Set to 1, the transformer-engine double stands for a GPU node: its constructor and forward accept CPU tensors as
+CUDA ones (tests/doubles/transformer_engine/pytorch/module/base.py). Unset, it refuses as TE does without CUDA."""
+
+
+def use_doubles(*packages: str, gpu_node: bool = False) -> None:
     """Make `import <package>` load the CPU double in tests/doubles (first on sys.path, cached modules dropped).
-    For worker processes; tests use the fixtures built on it (tests/models/conftest.py)."""
+    For worker processes; tests use the fixtures built on it (tests/models/conftest.py). `gpu_node`: this process
+    stands for a GPU node (TE_DOUBLE_CUDA); without it the doubles refuse what their library refuses without CUDA."""
+    import os
     import sys
 
     if str(DOUBLES) not in sys.path:
         sys.path.insert(0, str(DOUBLES))
+    if gpu_node:
+        os.environ[TE_DOUBLE_CUDA] = "1"
+    else:
+        os.environ.pop(TE_DOUBLE_CUDA, None)
     drop_modules(*packages)
 
 

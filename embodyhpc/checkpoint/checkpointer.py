@@ -37,8 +37,10 @@ from embodyhpc.checkpoint.errors import CheckpointError
 from embodyhpc.checkpoint.export import export_consolidated
 from embodyhpc.checkpoint.group import CheckpointGroup
 from embodyhpc.checkpoint.state import (
+    MODEL_KEY,
     TrainerState,
     apply_model_and_optim_state,
+    match_extra_state_request,
     match_optimizer_request,
     model_and_optim_state,
     read_trainer_state,
@@ -222,9 +224,11 @@ class Checkpointer:
                                   "written")
         saved_world_size = int(layout.read_marker(folder)["world_size"])
         state = model_and_optim_state(model, optimizer)
-        saved_keys = set(dcp.FileSystemReader(folder).read_metadata().state_dict_metadata)
-        match_optimizer_request(state, saved_keys)  # the same decision on every rank: same names, same metadata
+        saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+        match_optimizer_request(state, set(saved))  # the same decision on every rank: same names, same metadata
+        kept = match_extra_state_request(state, saved)
         dcp.load(state, checkpoint_id=folder, **self._dcp_group())
+        state[MODEL_KEY].update(kept)
         apply_model_and_optim_state(model, optimizer, state)
 
         rng_restored = saved_world_size == self.group.world_size

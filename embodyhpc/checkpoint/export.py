@@ -8,6 +8,8 @@ the optimizer (2x the weights for AdamW) stays on disk. Peak memory: the full mo
     <out_dir>/
         model.safetensors   the model's state_dict (parameter names of the plain, unwrapped module)
         config.yaml         the resolved recipe the weights were trained with, as given
+                            (a module's _extra_state, such as transformer-engine's FP8 scaling state, is training
+                            state, not weights: it stays in the checkpoint)
         export.json         step, source folder, counts, size and sha256 of the weights, what they were built
                             from (embodyhpc.checkpoint.integrity): written last, so its presence means the export
                             is whole; `load_exported` checks the weights against it before anything uses them
@@ -39,7 +41,7 @@ from embodyhpc.checkpoint.integrity import (
     sha256_text,
     verify_export,
 )
-from embodyhpc.checkpoint.state import MODEL_KEY
+from embodyhpc.checkpoint.state import MODEL_KEY, is_module_extra_state
 from embodyhpc.rundir import replace_atomically, write_json_atomic
 
 __all__ = ["CONFIG_FILE", "EXPORT_JSON", "WEIGHTS_FILE", "built_from", "consolidated_model_state",
@@ -88,8 +90,8 @@ def _model_entries(folder: Path) -> tuple[FileSystemReader, dict[str, tuple[torc
     prefix = MODEL_KEY + "."
     entries: dict[str, tuple[torch.dtype, torch.Size]] = {}
     for key, meta in items:
-        if not key.startswith(prefix):
-            continue
+        if not key.startswith(prefix) or is_module_extra_state(key):
+            continue  # optimizer state; a module's _extra_state (transformer-engine's FP8 scaling state): no weights
         if not isinstance(meta, TensorStorageMetadata):  # e.g. a module's _extra_state: no place in safetensors
             raise NotACheckpointError(f"model entry {key!r} is not a tensor; safetensors holds tensors only",
                                       where=str(folder))
@@ -98,7 +100,7 @@ def _model_entries(folder: Path) -> tuple[FileSystemReader, dict[str, tuple[torc
         raise NotACheckpointError(f"no {MODEL_KEY!r} entries in the checkpoint", where=str(folder))
     sizes: dict[str, int | None] = {}
     for index, info in (getattr(metadata, "storage_data", None) or {}).items():
-        if not getattr(index, "fqn", "").startswith(prefix):
+        if not getattr(index, "fqn", "").startswith(prefix) or is_module_extra_state(index.fqn):
             continue
         name = info.relative_path
         if name not in sizes:
@@ -169,16 +171,18 @@ def load_exported(out_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
     return weights, summary
 
 
-def check_fits(entries: dict[str, tuple[torch.dtype, torch.Size]], model_config: Any, precision: Any = None, *,
-               where: str, built_with: str) -> torch.nn.Module:
+def check_fits(entries: dict[str, tuple[torch.dtype, torch.Size]], model_config: Any, *, where: str,
+               built_with: str) -> torch.nn.Module:
     """Refuse weights ({name: (dtype, shape)}) that do not fit the model `model_config` builds: a name missing or
     extra, a shape that differs (another model size, action_dim, ...), or an integer or bool tensor where the model
     holds floats (and back). Floating dtypes may differ (a bf16 export of fp32 training loads into fp32). Builds
-    the model on the meta device (no memory, no weights) and returns it."""
+    the model on the meta device (no memory, no weights) as inference builds it, without fp8 layers whatever the
+    training precision was (fp8 layers hold the same weights under the same names; transformer-engine's need a
+    GPU to be built at all), and returns it."""
     from embodyhpc.models import build_model
 
     with torch.device("meta"):
-        model = build_model(model_config, precision)
+        model = build_model(model_config)
     wanted = {k: (v.dtype, v.shape) for k, v in model.state_dict().items()}
     missing, extra = sorted(set(wanted) - set(entries)), sorted(set(entries) - set(wanted))
     shapes = sorted(k for k in set(wanted) & set(entries) if tuple(wanted[k][1]) != tuple(entries[k][1]))
@@ -213,6 +217,6 @@ def load_checked_export(export_dir: str | Path) -> tuple[dict[str, torch.Tensor]
     export_dir = Path(export_dir)
     weights, summary = load_exported(export_dir)
     config = load_config_file(export_dir / CONFIG_FILE)
-    meta = check_fits({k: (v.dtype, v.shape) for k, v in weights.items()}, config.model, config.precision,
+    meta = check_fits({k: (v.dtype, v.shape) for k, v in weights.items()}, config.model,
                       where=str(export_dir), built_with=str(export_dir / CONFIG_FILE))
     return weights, summary, config, meta

@@ -82,6 +82,38 @@ def match_optimizer_request(state: dict[str, Any], saved_keys: set[str]) -> None
                        f"has none for (e.g. {sorted(unrequested)[0]}): load into a freshly built optimizer")
 
 
+EXTRA_STATE = "_extra_state"
+"""The last name of a module's extra state in a state dict (torch.nn.Module's _EXTRA_STATE_KEY_SUFFIX)."""
+
+
+def is_module_extra_state(key: str) -> bool:
+    return key.rpartition(".")[2] == EXTRA_STATE
+
+
+def match_extra_state_request(state: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """Make the model's extra-state entries of a state about to be loaded ask for what the checkpoint holds.
+
+    transformer-engine keeps a te.Linear's FP8 scaling state (recipe, delayed scaling's scales and amax history) as
+    its `_extra_state`: an empty uint8 tensor until the layer has run in FP8, a pickled payload of some hundred bytes
+    after. A freshly built model therefore asks for 0 bytes where the checkpoint saved hundreds, and DCP refuses the
+    size difference on every rank. Each such request is replaced by a buffer of the saved size and dtype (DCP fills
+    it; the module's own set_extra_state reads it when the model state is applied). An extra state the checkpoint
+    does not have (it was saved by a model without such layers) is taken out of the request and returned, for the
+    caller to put back after loading: the module then keeps its own. `saved`: the checkpoint's
+    state_dict_metadata (flattened keys)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    model_state = state[MODEL_KEY]
+    absent: dict[str, Any] = {}
+    for name in [name for name in model_state if is_module_extra_state(name)]:
+        meta = saved.get(f"{MODEL_KEY}.{name}")
+        if meta is None:
+            absent[name] = model_state.pop(name)
+        elif isinstance(meta, TensorStorageMetadata) and isinstance(model_state[name], torch.Tensor):
+            model_state[name] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    return absent
+
+
 def apply_model_and_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Copy what dcp.load filled into `state` into the live model and optimizer.
 

@@ -13,7 +13,9 @@ for every model: the weights are checked against export.json and against the mod
 serves a batched shard: `act_batch`).
 
 Placement (`inference_placement`): a shard with a GPU (eval.gpus_per_task) runs the policy there in bf16, a CPU
-shard in fp32; the runner feeds the model on the device its parameters are on.
+shard in fp32; the runner feeds the model on the device its parameters are on. Whatever the training precision, the
+policy is built without fp8 layers: an fp8 run's weights are plain weights under the same names, and
+transformer-engine's layers cannot even be built on a node without a GPU.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def load_trained_policy(export_dir: str | os.PathLike, *, execute_steps: int, de
     export_dir = Path(export_dir)
     weights, summary, config, _ = load_checked_export(export_dir)
     config = with_export_tokenizer(config, export_dir)
-    model = build_model(config.model, config.precision)
+    model = build_model(config.model)  # inference: no fp8 layers (transformer-engine's would need a GPU to exist)
     model.load_state_dict(weights, strict=True)
     device, dtype = inference_placement(gpus)
     model.to(device=device, dtype=dtype)

@@ -67,10 +67,10 @@ def export_checkpoint(checkpoint: Path, *, eval_run: Path | None = None, eval_co
     config_yaml = (source_run / RESOLVED_YAML).read_text()
     entries = model_entries(checkpoint)
     source_config = load_config_file(source_run / RESOLVED_YAML)
-    check_fits(entries, source_config.model, source_config.precision, where=str(checkpoint),
+    check_fits(entries, source_config.model, where=str(checkpoint),
                built_with=str(source_run / RESOLVED_YAML))
     if eval_config is not None and eval_run is not None:
-        check_fits(entries, eval_config.model, eval_config.precision, where=str(checkpoint),
+        check_fits(entries, eval_config.model, where=str(checkpoint),
                    built_with=f"this evaluation's recipe ({eval_run / RESOLVED_YAML})")
     key = built_from(checkpoint, config_yaml)
     own = eval_run / EXPORT_DIR if eval_run is not None else None

@@ -35,15 +35,27 @@ def flex_without_inductor(monkeypatch):
 
 @pytest.fixture
 def te_double(monkeypatch):
-    """transformer_engine imports the CPU double of tests/doubles (transformer-engine 2.9-2.18's API) for this test."""
-    from tests.helpers import DOUBLES, drop_modules
+    """transformer_engine imports the CPU double of tests/doubles (transformer-engine 2.9-2.18's API) for this test,
+    which stands for a GPU node (TE_DOUBLE_CUDA=1: CPU tensors stand for CUDA ones). `te_double_without_gpu` is the
+    same library on a node without CUDA, refusing as TE does."""
+    from tests.helpers import DOUBLES, TE_DOUBLE_CUDA, drop_modules
 
+    monkeypatch.setenv(TE_DOUBLE_CUDA, "1")
     monkeypatch.syspath_prepend(str(DOUBLES))
     drop_modules("transformer_engine")
     import transformer_engine
 
     yield transformer_engine
     drop_modules("transformer_engine")
+
+
+@pytest.fixture
+def te_double_without_gpu(te_double, monkeypatch):
+    """transformer-engine (the double) installed on a node without CUDA: te.Linear's constructor and forward refuse."""
+    from tests.helpers import TE_DOUBLE_CUDA
+
+    monkeypatch.delenv(TE_DOUBLE_CUDA)
+    return te_double
 
 
 @pytest.fixture

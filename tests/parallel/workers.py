@@ -228,7 +228,7 @@ def init_scenario(rank: int, world: int) -> dict:
 
     from tests.helpers import use_doubles
 
-    use_doubles("transformer_engine")
+    use_doubles("transformer_engine", gpu_node=True)
     cfg = dataclasses.replace(MODEL, state_input="expert", state_dim=6)
     with torch.device("meta"):
         model = build_model(cfg, TE_FP8)
@@ -322,3 +322,60 @@ def compile_counts_scenario(rank: int, world: int, ac: str, num_batches: int) ->
         batch = batch.with_rows(first_fit_decreasing(batch.token_counts(16, HORIZON), MODEL.max_token_len))
         model(batch).loss.backward()
     return {"report": stats.report(), "breaks_total": stats.graph_breaks_total}
+
+
+# ---- GR00T with a frozen VLM: what FSDP2 all-gathers in backward (tests/parallel/test_frozen_prefetch.py) ----
+GROOT_TUNE = {"frozen": {}, "tune_llm": {"tune_llm": True}, "trainable": {"tune_llm": True, "tune_visual": True}}
+
+
+def frozen_prefetch_scenario(rank: int, world: int) -> dict:
+    """The tiny GR00T sharded on `world` ranks for each tune option of GROOT_TUNE, two training steps each: per step,
+    the units whose parameters were all-gathered during forward and during backward (counted at FSDP2's
+    foreach_all_gather, the collective every unshard of a sharded group issues; a private function, hence the
+    controls the test asserts: every unit is gathered in forward, the trained ones in backward)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+    from embodyhpc.models.groot.batch import GrootSample, collate
+
+    g = torch.Generator().manual_seed(10 + rank)
+    samples = [GrootSample(images=torch.rand(2, 3, 32, 32, generator=g), text_ids=list(range(3, 3 + n)),
+                           state=torch.randn(39, generator=g), actions=torch.randn(16, 4, generator=g))
+               for n in (3, 20)]
+    batch = collate(samples, embodiment_id=31).with_rows([[0, 1]])
+    noise, flow_time = torch.randn(2, 16, 4, generator=g), torch.rand(2, generator=g)
+    phase, gathered = ["idle"], []
+    real_all_gather = _fsdp_param_group.foreach_all_gather
+
+    def counting_all_gather(fsdp_params, *args, **kwargs):
+        gathered.append((phase[0], fsdp_params[0]._param_fqn))
+        return real_all_gather(fsdp_params, *args, **kwargs)
+
+    _fsdp_param_group.foreach_all_gather = counting_all_gather
+    results: dict = {}
+    try:
+        mesh = build_mesh(1, world, "cpu")
+        for name, options in GROOT_TUNE.items():
+            model_cfg = ModelConfig(name="groot", size="tiny", action_horizon=16, action_dim=4, max_token_len=96,
+                                    options=options)
+            model, plan = build_sharded(mesh, ParallelismConfig(), FP32, model_cfg)
+
+            def unit_of(fqn: str, units=plan.units) -> str:
+                fqn = _key(fqn)
+                return next((unit for unit in units if fqn.startswith(unit + ".")), "<root>")
+
+            steps = []
+            for _ in range(2):
+                gathered.clear()
+                phase[0] = "forward"
+                loss = model(batch, noise=noise, time=flow_time).loss
+                phase[0] = "backward"
+                loss.backward()
+                phase[0] = "idle"
+                steps.append({when: sorted(unit_of(fqn) for w, fqn in gathered if w == when)
+                              for when in ("forward", "backward")})
+                model.zero_grad()
+            results[name] = {"units": plan.units, "steps": steps,
+                             "trained": sorted({unit_of(n) for n, p in model.named_parameters() if p.requires_grad})}
+    finally:
+        _fsdp_param_group.foreach_all_gather = real_all_gather
+    return results

@@ -113,7 +113,7 @@ def te_train_job(rank: int, world_size: int, run_dir: str, steps: int, ac: str, 
     from embodyhpc.config.schema import ParallelismConfig
     from tests.helpers import use_doubles
 
-    use_doubles("transformer_engine")
+    use_doubles("transformer_engine", gpu_node=True)
     from transformer_engine.pytorch.module import linear as te_linear
 
     forwards = {"fp8": 0, "high_precision": 0}
@@ -189,3 +189,51 @@ def cpu_group_under_nccl_job(rank: int, world_size: int) -> dict[str, Any]:
             "agreed": agreed,
             "collectives": [(name, "side" if group is side else "gloo" if group is not None else "default")
                             for name, group in used], "num_hostnames": len(hostnames)}
+
+
+def te_layers_extra_state(model) -> dict[str, bytes]:
+    """{fqn: the te.Linear's get_extra_state() bytes} of a model (FSDP2-wrapped or not)."""
+    return {name: bytes(module.get_extra_state().numpy().tobytes()) for name, module in model.named_modules()
+            if type(module).__module__.startswith("transformer_engine")}
+
+
+def te_chain_job(rank: int, world_size: int, run_dir: str, steps: int) -> dict[str, Any]:
+    """Training with precision fp8 on transformer-engine (the double, standing for a GPU node), delayed scaling,
+    async checkpoints every 2 steps, a global batch of 8 whatever the world size. A job that finds a checkpoint in
+    run_dir resumes from it: what each te.Linear's extra state holds right after the checkpoint was loaded is
+    returned under "loaded_extra_state" (rank 0's), as are the logged fp8 GEMM counts."""
+    import dataclasses
+
+    from embodyhpc.checkpoint import checkpointer
+    from tests.helpers import use_doubles
+
+    use_doubles("transformer_engine", gpu_node=True)
+    loaded: dict[str, bytes] = {}
+    load = checkpointer.Checkpointer.load
+
+    def recording_load(self, step, model, optimizer):
+        result = load(self, step, model, optimizer)
+        loaded.update(te_layers_extra_state(model))
+        return result
+
+    checkpointer.Checkpointer.load = recording_load
+    base = recipe(world_size, steps=steps, every_steps=2, export_final=False)
+    cfg = dataclasses.replace(base, train=dataclasses.replace(base.train, global_batch_size=8))
+    precision = PrecisionConfig(mode="fp8", fp8_backend="te", fp8_recipe="delayed")
+    dist_env = SimpleNamespace(rank=rank, world_size=world_size, local_rank=rank)
+    result = train(data=cfg.data, model_cfg=cfg.model, precision=precision, parallelism=cfg.parallelism,
+                   train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=run_dir,
+                   dist_env=dist_env, device="cpu")
+    return {"loaded_extra_state": loaded, "last_metrics": result.last_metrics, "start_step": result.start_step,
+            "final_step": result.final_step}
+
+
+def te_recipe_yaml() -> str:
+    """The resolved recipe of te_chain_job's training (precision fp8 on transformer-engine), as an export holds it."""
+    import dataclasses
+
+    from embodyhpc.config.load import dump_yaml
+
+    cfg = recipe(2, steps=3, every_steps=2, export_final=False)
+    return dump_yaml(dataclasses.replace(cfg, precision=PrecisionConfig(mode="fp8", fp8_backend="te",
+                                                                        fp8_recipe="delayed")))

@@ -1,7 +1,9 @@
-"""checkpoint as in transformer_engine/pytorch/distributed.py (v2.9): activation checkpointing whose recompute
-runs in the FP8 state of the forward (autocast re-entered with the forward's recipe), popping TE's own keyword
-arguments; `use_reentrant` defaults to True as in TE. Only the non-reentrant form is implemented here, and, as TE's,
-it recomputes the whole function (torch's own stops early once the saved tensors are rebuilt)."""
+"""checkpoint as in transformer_engine/pytorch/distributed.py (v2.9): activation checkpointing whose recompute runs in
+the FP8 state of the forward (autocast re-entered with the forward's recipe), popping TE's own keyword arguments;
+`use_reentrant` defaults to True as in TE; decorated `@torch._disable_dynamo` as TE's (a compiled caller runs it, and
+everything it calls, eagerly); the recompute sets in_fp8_activation_recompute_phase(). Only the non-reentrant form is
+implemented here, and, as TE's, it recomputes the whole function (torch's own stops early once the saved tensors are
+rebuilt)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,15 @@ import torch
 
 from transformer_engine.pytorch.quantization import FP8GlobalStateManager, autocast
 
+_FP8_ACTIVATION_RECOMPUTE_PHASE = False
 
+
+def in_fp8_activation_recompute_phase() -> bool:
+    """True while a checkpointed function is recomputed in backward (TE's prepare_forward then skips its checks)."""
+    return _FP8_ACTIVATION_RECOMPUTE_PHASE
+
+
+@torch._disable_dynamo  # as TE's (v2.9 distributed.py:621): a compiled unit that calls it runs it eagerly
 def checkpoint(function, *args, **kwargs):
     use_reentrant = kwargs.pop("use_reentrant", True)
     kwargs.pop("distribute_saved_activations", False)
@@ -30,8 +40,13 @@ def checkpoint(function, *args, **kwargs):
 
         @contextlib.contextmanager
         def recompute():
+            global _FP8_ACTIVATION_RECOMPUTE_PHASE
             with recompute_ctx, autocast(enabled=fp8, recipe=recipe):
-                yield
+                _FP8_ACTIVATION_RECOMPUTE_PHASE = fp8
+                try:
+                    yield
+                finally:
+                    _FP8_ACTIVATION_RECOMPUTE_PHASE = False
 
         return forward_ctx, recompute()
 

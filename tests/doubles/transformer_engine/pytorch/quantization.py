@@ -21,6 +21,10 @@ class FP8GlobalStateManager:
         return cls.FP8_ENABLED
 
     @classmethod
+    def is_fp8_calibration(cls) -> bool:
+        return cls.FP8_CALIBRATION
+
+    @classmethod
     def get_fp8_recipe(cls) -> Recipe:
         return cls.FP8_RECIPE if cls.FP8_RECIPE is not None else DelayedScaling()
 

@@ -1,14 +1,16 @@
-"""Linear as in transformer_engine/pytorch/module/linear.py (v2.9-v2.18), without tensor parallelism, parameter
-splits or userbuffers: `weight` [out, in] and `bias` registered as parameters (bias=False leaves `bias` an empty
-plain tensor attribute, as TE does), built on `device` (default "cuda") and initialised at once unless
-`device == "meta"` (a string comparison in TE: torch.device("meta") == "meta" is False, so a torch.device meta
-build is initialised on cuda).
+"""Linear as in transformer_engine/pytorch/module/linear.py (v2.9-v2.18), without tensor parallelism, parameter splits
+or userbuffers: `weight` [out, in] and `bias` registered as parameters (bias=False leaves `bias` an empty plain
+tensor attribute, as TE does), built on `device` (default "cuda") and initialised at once unless `device == "meta"`
+(a string comparison in TE: torch.device("meta") == "meta" is False, so a torch.device meta build is initialised on
+cuda).
 
-forward: inside autocast (FP8GlobalStateManager.is_fp8_enabled()) the GEMM runs in FP8, which requires the input's
-leading dims to multiply to a multiple of 8 and its last dim to be a multiple of 16 (utils.assert_dim_for_fp8_exec
-on input and weight); outside autocast it runs in the parameters' precision. The double simulates the FP8 GEMM by
-rounding input and weight through float8_e4m3fn (per-tensor current scaling, straight-through gradient) and counts
-forwards in `fp8_forwards` and `high_precision_forwards` (test bookkeeping, not TE API).
+forward (`@no_torch_dynamo()`, as TE's: a compiled caller graph-breaks here): asserts the input is on CUDA
+(module/base.py doc), then inside autocast (FP8GlobalStateManager.is_fp8_enabled()) the GEMM runs in FP8, which
+requires the input's leading dims to multiply to a multiple of 8 and its last dim to be a multiple of 16
+(utils.assert_dim_for_fp8_exec on input and weight); outside autocast it runs in the parameters' precision. The
+double simulates the FP8 GEMM by rounding input and weight through float8_e4m3fn (per-tensor current scaling,
+straight-through gradient) and counts forwards in `fp8_forwards` and `high_precision_forwards` (test bookkeeping, not
+TE API).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from transformer_engine.pytorch.module.base import TransformerEngineBaseModule, init_method_constant
+from transformer_engine.pytorch.distributed import in_fp8_activation_recompute_phase
+from transformer_engine.pytorch.jit import no_torch_dynamo
+from transformer_engine.pytorch.module.base import (
+    TransformerEngineBaseModule,
+    assert_cuda_input,
+    init_method_constant,
+)
 from transformer_engine.pytorch.quantization import FP8GlobalStateManager
 
 _E4M3_MAX = 448.0
@@ -65,13 +73,19 @@ class Linear(TransformerEngineBaseModule):
         self.fp8_forwards = 0
         self.high_precision_forwards = 0
 
+    @no_torch_dynamo()
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None, fp8_output: bool = False,
                 fp8_grad: bool = False) -> torch.Tensor:
-        self.fp8 = FP8GlobalStateManager.is_fp8_enabled()
+        if not (self.fp8 and in_fp8_activation_recompute_phase()):  # prepare_forward
+            assert_cuda_input(inp)
+            self.init_fp8_metadata()
+        else:
+            self.fp8 = FP8GlobalStateManager.is_fp8_enabled()
         weight = self.weight
         bias = self.bias if self.use_bias else None
         if self.fp8:
             assert_dim_for_fp8_exec(inp, weight)
+            self.record_amax(inp, weight)
             self.fp8_forwards += 1
             bias = None if bias is None else bias.to(inp.dtype)
             return F.linear(_fake_fp8(inp), _fake_fp8(weight).to(inp.dtype), bias)
