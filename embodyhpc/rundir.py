@@ -8,7 +8,8 @@
         checkpoints/        step-N folders (embodyhpc.checkpoint.layout owns what is inside one), policy_io.json
         exports/step-N/     checkpoints exported for evaluation (by the export job of an evaluation of step-N)
         export/             the final export of training (an evaluation run: the export job's fallback folder)
-        logs/               metrics.jsonl, train_result.json
+        logs/               metrics.jsonl, train_result.json, flight-recorder/<job id>/rank_N (torch's NCCL
+                            flight-recorder dumps of a hung collective, one folder per job)
         eval/               shards/<policy>/shard-NNNN.jsonl, videos/, report.json|md|txt, history.jsonl, plots/
         evals/step-N/       evaluations of checkpoints while training ran (eval.every_k_checkpoints): run
                             directories of their own (export -> eval -> report), with `parent_run` set
@@ -69,6 +70,8 @@ HISTORY_FILE = f"{EVAL_DIR}/history.jsonl"
 PLOTS_DIR = f"{EVAL_DIR}/plots"
 SMOKE_FILE = "smoke.json"
 SMOKE_REQUEST_FILE = "smoke-request.json"
+FLIGHT_RECORDER_DIR = f"{LOGS_DIR}/flight-recorder"
+FLIGHT_RECORDER_FILE_PREFIX = "rank_"  # torch appends the rank: rank_0, rank_1 ... (what torchfrtrace reads)
 
 STEP_PREFIX = "step-"
 _STEP_RE = re.compile(rf"^{STEP_PREFIX}(\d+)$")
@@ -130,6 +133,15 @@ ATTEMPT_OUTPUTS = (RESOLVED_YAML, SCRIPTS_DIR, EXPORT_DIR, SHARDS_DIR, VIDEOS_DI
 """What one attempt writes that the next would overwrite or mix with its own (a report of 4 shards must not read a
 5th an earlier attempt left); a resume moves them under attempts/N. Checkpoints, logs/metrics.jsonl (cut back to the
 resumed step by its writer), eval/history.jsonl and evals/ belong to the run and stay."""
+
+
+def flight_recorder_prefix(run_dir: Path, job_id: str) -> Path:
+    """The file-name prefix torch's NCCL flight recorder dumps job `job_id`'s ranks to (TORCH_FR_DUMP_TEMP_FILE):
+    on the run's filesystem, so that a hang's traces outlive the node's /tmp; one folder per job, the folder
+    torch's analyser reads (`torchfrtrace <folder>`). Characters other than ASCII letters, digits, `.`, `_`, `-` in
+    the job id become `_`; an id of dots only (`..`) becomes `job`."""
+    folder = re.sub(r"[^A-Za-z0-9._-]", "_", str(job_id)).strip(".") or "job"
+    return Path(run_dir) / FLIGHT_RECORDER_DIR / folder / FLIGHT_RECORDER_FILE_PREFIX
 
 
 def is_run_dir(path: Path) -> bool:

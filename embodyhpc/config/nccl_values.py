@@ -25,20 +25,23 @@ INT32_MAX = 2**31 - 1
 
 @dataclass(frozen=True)
 class Accepted:
-    """Integers low..high (high None: no upper bound), a multiple of `multiple_of`; `why` says where it comes from."""
+    """Integers low..high (high None: no upper bound), a multiple of `multiple_of`; `why` says where it comes from.
+    `auto`: one more value, outside the range, that leaves the choice to NCCL (NCCL's own default)."""
 
     low: int
     high: int | None
     why: str
     multiple_of: int = 1
+    auto: int | None = None
 
     def describe(self) -> str:
         span = f"{self.low}-{self.high}" if self.high is not None else f">= {self.low}"
-        return span + (f", a multiple of {self.multiple_of}" if self.multiple_of > 1 else "")
+        span += f", a multiple of {self.multiple_of}" if self.multiple_of > 1 else ""
+        return f"{self.auto} (NCCL decides) or {span}" if self.auto is not None else span
 
     def allows(self, number: int) -> bool:
-        return (number >= self.low and (self.high is None or number <= self.high)
-                and number % self.multiple_of == 0)
+        return number == self.auto or (number >= self.low and (self.high is None or number <= self.high)
+                                       and number % self.multiple_of == 0)
 
 
 _FLAG = Accepted(0, 1, "0 or 1")
@@ -51,7 +54,9 @@ ACCEPTED: dict[str, Accepted] = {
     "NCCL_IB_SL": Accepted(0, 15, "4-bit InfiniBand service level"),
     "NCCL_IB_TC": Accepted(0, 255, "8-bit traffic class"),
     "NCCL_IB_FIFO_TC": Accepted(0, 255, "8-bit traffic class"),
-    "NCCL_IB_GID_INDEX": Accepted(0, 255, "an entry of the port's GID table (show_gids lists them)"),
+    # -1: NCCL finds the RoCE v2 GID itself (its default since 2.21; NCCL_IB_ADDR_FAMILY / NCCL_IB_ADDR_RANGE steer
+    # it); else an entry of the port's GID table, which the queue pair's 8-bit sgid_index holds
+    "NCCL_IB_GID_INDEX": Accepted(0, 255, "an entry of the port's GID table (show_gids lists them)", auto=-1),
     "NCCL_IB_QPS_PER_CONNECTION": Accepted(1, 128, "NCCL allocates at most 128 queue pairs per connection"),
     "NCCL_IB_DISABLE": _FLAG,
     "NCCL_IB_ADAPTIVE_ROUTING": _FLAG,

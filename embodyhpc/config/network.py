@@ -33,7 +33,9 @@ class NetworkConfig:
     """NCCL_IB_HCA: RDMA devices, e.g. [mlx5_0:1, mlx5_1:1]; empty = NCCL's own choice. List every
     rail that should carry traffic: a missing one silently halves bandwidth."""
     gid_index: int | None = None
-    """NCCL_IB_GID_INDEX: the RoCE v2 GID table entry (commonly 3, 0-255); required for roce."""
+    """NCCL_IB_GID_INDEX: the RoCE v2 GID table entry (0-255, commonly 3; `show_gids` lists them). Unset (not
+    exported) or -1 (exported, so that a value inherited from elsewhere does not apply): NCCL >= 2.21 finds the
+    RoCE v2 GID itself (its default, -1). Set it for an older NCCL, whose default is entry 0 (usually RoCE v1)."""
     socket_ifname: str | None = None
     """NCCL_SOCKET_IFNAME (bootstrap and TCP traffic), e.g. ib0, eth0, =eth0 (exact) or ^lo,docker (exclude).
     GLOO_SOCKET_IFNAME gets the same interface when it names one (Gloo knows no ^ exclusion lists)."""
@@ -60,7 +62,9 @@ class NetworkConfig:
     """TORCH_NCCL_DUMP_ON_TIMEOUT: who was stuck where when a collective timed out. The flight recorder's size
     is not exported here: torch 2.8 renamed its variable and warns on every rank about the old name, and only the
     job knows the nodes' torch, so the job sets it (embodyhpc.launch.distributed.set_flight_recorder_size). A size
-    set in extra_env or site.env under either name is kept, under the name that torch reads."""
+    set in extra_env or site.env under either name is kept, under the name that torch reads. The training job also
+    points the dumps into the run (logs/flight-recorder/<job id>/, TORCH_FR_DUMP_TEMP_FILE) unless one of them
+    sets TORCH_FR_DUMP_TEMP_FILE (or its old name, TORCH_NCCL_DEBUG_INFO_TEMP_FILE) itself."""
     heartbeat_timeout_s: int = 600
     """TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: watchdog kills a hung process group after this long."""
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -70,9 +74,6 @@ class NetworkConfig:
     def __post_init__(self) -> None:
         checks.choice("network.fabric", self.fabric, FABRICS)
         checks.choice("network.nccl_debug", self.nccl_debug, NCCL_DEBUG_LEVELS)
-        if self.fabric == "roce" and self.gid_index is None:
-            raise ConfigError("fabric roce needs the RoCE v2 GID index", key="network.gid_index",
-                              fix="set network.gid_index (often 3; `show_gids` lists them)")
         if self.fabric in ("ethernet", "efa") and self.hcas:
             raise ConfigError(f"fabric {self.fabric!r} does not use RDMA devices", key="network.hcas",
                               fix="set network.fabric=ib or roce, or remove network.hcas")

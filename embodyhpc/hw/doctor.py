@@ -189,7 +189,7 @@ def _check_network(ports: list[IbPort], network: NetworkConfig | None, env: Mapp
     gid_index = int(gid_text) if gid_text and gid_text.strip().isdigit() else None
     checks = check_ib(ports, hcas=env.get("NCCL_IB_HCA") or None, gid_index=gid_index,
                       ib_disabled=env.get("NCCL_IB_DISABLE") == "1", root=root)
-    if gid_text and gid_index is None:
+    if gid_text and gid_index is None and gid_text.strip() != "-1":  # -1: NCCL's default, it picks the GID
         checks.append(warn("nccl_env", f"NCCL_IB_GID_INDEX={gid_text!r} is not a GID table index"))
     return checks
 

@@ -92,7 +92,7 @@ def check_ib(ports: Sequence[IbPort], *, hcas: str | Sequence[str] | None = None
         checks += [fail(f"ib.{p.name}", f"{p.name} has link layer {p.link_layer}, fabric {fabric} needs {want_layer}")
                    for p in active if p.link_layer != want_layer]
     checks += _slow_rails(active)
-    if gid_index is not None:
+    if gid_index is not None and gid_index >= 0:  # -1 (or unset): NCCL picks the RoCE v2 GID itself
         checks += _gid_problems([p for p in active if p.link_layer == "Ethernet"], gid_index, gid_source)
     if ib_disabled and active:
         checks.append(warn("ib", f"NCCL_IB_DISABLE=1 but {len(active)} RDMA ports are ACTIVE: NCCL will use TCP "

@@ -90,7 +90,7 @@ def train_task(run_dir: str) -> dict:
     device, backend = device_and_backend(config.resources.gpus_per_node, synthetic=data_root is None)
     with tracking.attempt():
         # the device is bound (current) before the process group exists; see distributed.rank_device
-        with distributed.process_group(dist_env, backend=backend, device=device) as device:
+        with distributed.process_group(dist_env, backend=backend, device=device, run_dir=run_dir) as device:
             hostnames = _gather_hostnames(dist_env.world_size)
             if data_root is None:
                 result = _spine_loop(dist_env, config.train, config.checkpoint, Path(run_dir), stop,

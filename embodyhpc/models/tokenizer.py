@@ -3,8 +3,8 @@
 - tiny / small: a built-in byte-level tokenizer (no files, nothing to download).
 - full: a local file named by `model.tokenizer_path` — a SentencePiece model (`*.model`, e.g. PaliGemma's, which
   the published pi0.5 vocabulary of 257152 ids comes from) or a Hugging Face `tokenizers` file (`*.json`).
-  The libraries are imported only when such a file is used: sentencepiece comes with the `train` extra,
-  tokenizers is optional (`pip install tokenizers`).
+  The libraries are imported only when such a file is used; both come with the `train` extra (sentencepiece for
+  pi0.5, tokenizers for GR00T's Qwen3 tokenizer.json). A missing one is a one-line ConfigError naming the fix.
 
 pi0.5 puts the proprioceptive state into the prompt: each dimension (normalised to [-1, 1]) is quantised into
 `num_bins` bins and written as its bin number, "Task: pick up the cup, State: 12 200 31;\nAction: ".
@@ -26,6 +26,7 @@ class Tokenizer(Protocol):
     vocab_size: int
     pad_id: int
     bos_id: int | None
+    eos_id: int | None
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -60,20 +61,36 @@ class SentencePieceTokenizer:
         self.vocab_size = self._sp.get_piece_size()
         self.pad_id = max(self._sp.pad_id(), 0)  # -1 when the model defines none; padding is masked anyway
         self.bos_id = self._sp.bos_id() if self._sp.bos_id() >= 0 else None
+        self.eos_id = self._sp.eos_id() if self._sp.eos_id() >= 0 else None
 
     def encode(self, text: str) -> list[int]:
         return list(self._sp.encode(text))
 
 
+# Special tokens found by name in a tokenizers file (the file itself does not say which is which: a checkpoint's
+# tokenizer_config.json does, and it does not travel with tokenizer.json). Qwen2/2.5/3 (GR00T-N1.5's Eagle 2.5 LLM)
+# pad with <|endoftext|>, end a turn with <|im_end|> and have no BOS; the others are the BERT/Llama/Gemma names.
+HF_PAD_TOKENS = ("<pad>", "[PAD]", "<|endoftext|>")
+HF_BOS_TOKENS = ("<bos>", "<s>", "[CLS]")
+HF_EOS_TOKENS = ("<eos>", "</s>", "[SEP]", "<|im_end|>", "<|endoftext|>")
+
+
 class HFTokenizer:
-    """A Hugging Face `tokenizers` JSON file (only the Rust `tokenizers` package, no hub access)."""
+    """A Hugging Face `tokenizers` JSON file (only the Rust `tokenizers` package, no hub access).
+
+    pad_id, bos_id and eos_id are the first of HF_PAD_TOKENS, HF_BOS_TOKENS and HF_EOS_TOKENS the file holds (pad
+    falls back to 0: padding is masked by the lengths anyway; no BOS and no EOS are None, as in Qwen3 for BOS).
+    `encode` adds no special tokens (the prompt builders add what the model expects); special tokens written in
+    the text (<|im_start|>) are matched as single ids, as the file's added tokens say.
+    """
 
     def __init__(self, path: Path) -> None:
         try:
             import tokenizers
         except ImportError as exc:
             raise ConfigError(f"{path} is a tokenizers JSON file but the tokenizers package is not installed",
-                              key=_KEY, fix="pip install tokenizers") from exc
+                              key=_KEY, fix="pip install tokenizers (it comes with: pip install 'embodyhpc[train]')"
+                              ) from exc
         try:
             self._tok = tokenizers.Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers' own exception type
@@ -81,12 +98,22 @@ class HFTokenizer:
                               key=_KEY, fix="give a tokenizer.json saved by tokenizers (or set model.tokenizer_path)"
                               ) from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self.pad_id = next((i for t in ("<pad>", "[PAD]") if (i := self._tok.token_to_id(t)) is not None), 0)
-        self.bos_id = next((i for t in ("<bos>", "<s>", "[CLS]") if (i := self._tok.token_to_id(t)) is not None),
-                           None)
+        self.pad_id = self._first_id(HF_PAD_TOKENS)
+        if self.pad_id is None:
+            self.pad_id = 0
+        self.bos_id = self._first_id(HF_BOS_TOKENS)
+        self.eos_id = self._first_id(HF_EOS_TOKENS)
+
+    def _first_id(self, names: tuple[str, ...]) -> int | None:
+        return next((i for name in names if (i := self._tok.token_to_id(name)) is not None), None)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        """The text of `ids`; special tokens (pad, <|im_start|> ...) are left out unless asked for, as
+        ByteTokenizer.decode leaves out its own."""
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
 
 def load_tokenizer(size: str, tokenizer_path: str | None) -> Tokenizer:

@@ -154,8 +154,9 @@ def test_latest_always_names_a_complete_folder_while_saves_run(tmp_path):
     ckpt.save(0, model, optimizer, blocking=True)
     observations, stop = [], threading.Event()
 
-    def watch():
-        while not stop.is_set():
+    def watch():  # looks every millisecond: a loop without a wait holds the GIL, and on a busy or one-core machine
+        # the saver's thread then waits seconds to start (Thread.start waits for it), so the test ran for minutes
+        while not stop.wait(0.001):
             text = (tmp_path / "latest").read_text()
             folder = tmp_path / text.strip()
             newest = layout.list_steps(tmp_path).newest_complete

@@ -50,8 +50,8 @@ OUT_OF_RANGE = [(name, value, "out of range") for name, value in [
     ("NCCL_IB_SL", "16"),
     ("NCCL_IB_TC", "256"),
     ("NCCL_IB_FIFO_TC", "1000"),
-    ("NCCL_IB_GID_INDEX", "256"),
-    ("NCCL_IB_GID_INDEX", "-1"),
+    ("NCCL_IB_GID_INDEX", "256"),  # the queue pair's sgid_index is 8 bits
+    ("NCCL_IB_GID_INDEX", "-2"),  # -1 is NCCL's "find it", nothing else below 0
     ("NCCL_IB_QPS_PER_CONNECTION", "0"),
     ("NCCL_IB_QPS_PER_CONNECTION", "129"),
     ("NCCL_IB_DISABLE", "2"),
@@ -101,7 +101,8 @@ HOSTILE = NOT_INTEGERS + OUT_OF_RANGE + BAD_LEVELS
 # (variable, value): the ends of every range and the documented values, all accepted
 GOOD = [("NCCL_IB_RETRY_CNT", "0"), ("NCCL_IB_RETRY_CNT", "7"), ("NCCL_IB_TIMEOUT", "1"), ("NCCL_IB_TIMEOUT", "31"),
         ("NCCL_IB_SL", "0"), ("NCCL_IB_SL", "15"), ("NCCL_IB_TC", "255"), ("NCCL_IB_GID_INDEX", "0"),
-        ("NCCL_IB_GID_INDEX", "3"), ("NCCL_IB_QPS_PER_CONNECTION", "1"), ("NCCL_IB_QPS_PER_CONNECTION", "128"),
+        ("NCCL_IB_GID_INDEX", "3"), ("NCCL_IB_GID_INDEX", "255"), ("NCCL_IB_GID_INDEX", "-1"),
+        ("NCCL_IB_QPS_PER_CONNECTION", "1"), ("NCCL_IB_QPS_PER_CONNECTION", "128"),
         ("NCCL_NTHREADS", "64"), ("NCCL_NTHREADS", "96"), ("NCCL_NTHREADS", "512"), ("NCCL_MIN_NCHANNELS", "1"),
         ("NCCL_MAX_NCHANNELS", "64"), ("NCCL_MAX_CTAS", "64"), ("NCCL_BUFFSIZE", "8388608"),
         ("NCCL_BUFFSIZE", "2147483647"), ("NCCL_SOCKET_NTHREADS", "16"), ("NCCL_NSOCKS_PERTHREAD", "4"),
@@ -139,7 +140,8 @@ def test_values_in_range_pass_unchanged(name, value):
 # typed network fields: the key in the message is the one the user wrote
 BAD_FIELDS = [("network.ib_retry_cnt=10", "0-7"), ("network.ib_retry_cnt=-1", "0-7"),
               ("network.ib_timeout=0", "1-31"), ("network.ib_timeout=32", "1-31"),
-              ("network.gid_index=256", "0-255"), ("network.qps_per_connection=0", "1-128"),
+              ("network.gid_index=256", "-1 (NCCL decides) or 0-255"),
+              ("network.gid_index=-2", "-1 (NCCL decides) or 0-255"), ("network.qps_per_connection=0", "1-128"),
               ("network.buffsize_bytes=0", "1-2147483647"), ("network.buffsize_bytes=4294967296", "1-2147483647"),
               ("network.cross_nic=3", "0-2"), ("network.gdr_level=phb", "PHB"), ("network.gdr_level=NVL", "PHB"),
               ("network.gdr_level=9", "legacy 0-5")]
@@ -224,3 +226,15 @@ def test_submitting_shell_with_an_out_of_range_variable_is_refused(cli, runs_roo
     assert result.err.strip() == ("error: your environment: NCCL_IB_RETRY_CNT: NCCL_IB_RETRY_CNT=10 is out of range: "
                                   "0-7 (the queue pair's 3-bit retry count; drivers mask larger values) (fix: unset "
                                   "NCCL_IB_RETRY_CNT, or set network.extra_env.NCCL_IB_RETRY_CNT to a value in 0-7)")
+
+
+@pytest.mark.parametrize(("overrides", "line"), [
+    (["network.fabric=roce", "network.gid_index=-1"], "export NCCL_IB_GID_INDEX=-1"),
+    (["network.fabric=roce", "network.gid_index=3"], "export NCCL_IB_GID_INDEX=3"),
+    (["network.fabric=roce"], None),  # unset: not exported, NCCL finds the RoCE v2 GID
+])
+def test_roce_renders_with_or_without_a_gid_index(cli, overrides, line):
+    result = cli("render", DEMO, *overrides)
+    assert result.code == 0, result
+    exported = [row for row in result.out.splitlines() if "NCCL_IB_GID_INDEX" in row]
+    assert exported == ([line] if line else []) and "export NCCL_IB_DISABLE=0" in result.out.splitlines()

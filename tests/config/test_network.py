@@ -21,11 +21,28 @@ def test_ib_profile_environment_exactly():
         "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "600", "NCCL_ALGO": "Ring"}
 
 
-def test_roce_needs_gid_index_and_exports_it():
-    with pytest.raises(ConfigError, match="GID index"):
-        NetworkConfig(fabric="roce")
-    env = NetworkConfig(fabric="roce", gid_index=3, hcas=["mlx5_0:1"]).environment()
-    assert env["NCCL_IB_GID_INDEX"] == "3" and env["NCCL_IB_DISABLE"] == "0"
+def test_roce_leaves_the_gid_to_nccl_unless_told():
+    """NCCL (>= 2.21) finds the RoCE v2 GID itself: NCCL_IB_GID_INDEX defaults to -1 (NCCL's connect.cc:
+    NCCL_PARAM(IbGidIndex, "IB_GID_INDEX", -1), and only a negative index makes it search the GID table)."""
+    auto = NetworkConfig(fabric="roce", hcas=["mlx5_0:1"]).environment()
+    assert "NCCL_IB_GID_INDEX" not in auto and auto["NCCL_IB_DISABLE"] == "0"
+    # -1 is exported: it overrides an index inherited from a node's profile, as NCCL's own default would
+    assert NetworkConfig(fabric="roce", gid_index=-1).environment()["NCCL_IB_GID_INDEX"] == "-1"
+    for index in (0, 3, 255):
+        env = NetworkConfig(fabric="roce", gid_index=index, hcas=["mlx5_0:1"]).environment()
+        assert env["NCCL_IB_GID_INDEX"] == str(index)
+
+
+@pytest.mark.parametrize("index", [-2, -100, 256, 1000, True, False, 3.0, 2.5, "three", "", " 3", "0x3", "03"],
+                         ids=repr)
+def test_other_gid_indexes_are_refused_naming_the_key(index):
+    """What NCCL would misread: a GID table index is 8 bits (the queue pair's sgid_index), -1 asks NCCL, and
+    strtoll would read True/False/'0x3'/'03' as something else."""
+    with pytest.raises(ConfigError, match="NCCL_IB_GID_INDEX=.*(out of range: -1 .NCCL decides. or 0-255|not a "
+                                          "plain decimal integer)") as info:
+        NetworkConfig(fabric="roce", gid_index=index)
+    text = info.value.one_line()
+    assert text.startswith("network.gid_index: ") and "fix: set network.gid_index" in text and "\n" not in text
 
 
 def test_tcp_and_efa_profiles():

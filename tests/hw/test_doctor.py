@@ -151,6 +151,8 @@ def test_bad_gid_index_variable_and_bad_options(node):
     fs.roce_v2_node(sysfs)
     report = run_doctor(options(), gpu_backend=_gpus(nvml_stub.healthy(8)), environ={**NODE, "NCCL_IB_GID_INDEX": "x"})
     assert any(c.name == "nccl_env" and c.status is Status.WARN for c in report.checks)
+    auto = run_doctor(options(), gpu_backend=_gpus(nvml_stub.healthy(8)), environ={**NODE, "NCCL_IB_GID_INDEX": "-1"})
+    assert [c.reason for c in auto.checks if c.status is not Status.OK] == []  # -1: NCCL's default, no warning
     with pytest.raises(UserError, match="doctor.num_nodes"):
         DoctorOptions(num_nodes=0)
 

@@ -55,6 +55,15 @@ def test_wrong_gid_index_fails_with_the_setting_to_fix(tmp_path):
     assert "has no GID at index 7 (network.gid_index)" in empty[1].reason
 
 
+def test_gid_index_minus_one_leaves_the_gid_to_nccl(tmp_path):
+    """network.gid_index=-1 (or NCCL_IB_GID_INDEX=-1 exported): NCCL searches the GID table itself, so no index
+    is judged; the ports' own checks remain."""
+    ports = read_ib_ports(fs.roce_v2_node(tmp_path))
+    assert check_ib(ports, fabric="roce", gid_index=-1, from_profile=True) == check_ib(ports, fabric="roce",
+                                                                                        from_profile=True)
+    assert _statuses(check_ib(ports, gid_index=-1)) == [("ib", "ok")]
+
+
 def test_port_down_warns_without_a_rail_list_and_fails_with_one(tmp_path):
     ports = read_ib_ports(fs.port_down_node(tmp_path))
     assert ports[2].state == "DOWN" and ports[2].phys_state == "Polling" and not ports[2].active

@@ -1,8 +1,11 @@
-"""The flight recorder's size reaches the process group under the one name the running torch reads.
+"""The flight recorder's size reaches the process group under the one name the running torch reads, and its dumps
+go into the run directory.
 
 torch 2.8 renamed TORCH_NCCL_TRACE_BUFFER_SIZE to TORCH_FR_BUFFER_SIZE and warns on every rank that finds the old
 name; torch before 2.8 reads only the old one. Sbatch scripts no longer export it: the job sets it before the
 process group is created (launch/distributed.py), translating a user's setting instead of adding a second one.
+The dump file (TORCH_FR_DUMP_TEMP_FILE, before TORCH_NCCL_DEBUG_INFO_TEMP_FILE) is set the same way, to
+logs/flight-recorder/<job id>/rank_ of the run, so that a hang's traces outlive the node's /tmp.
 """
 
 from __future__ import annotations
@@ -21,10 +24,15 @@ from embodyhpc.launch import distributed
 from embodyhpc.launch.distributed import (
     FR_BUFFER_NEW,
     FR_BUFFER_OLD,
+    FR_DUMP_NEW,
+    FR_DUMP_OLD,
     DistEnv,
+    flight_recorder_dump_variable,
     flight_recorder_variable,
+    set_flight_recorder_dump_file,
     set_flight_recorder_size,
 )
+from embodyhpc.rundir import FLIGHT_RECORDER_DIR, flight_recorder_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 DUMP = "TORCH_NCCL_DUMP_ON_TIMEOUT"
@@ -122,3 +130,110 @@ def test_no_deprecation_warning_from_the_process_group():
                           text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
     assert "deprecated" not in proc.stderr and FR_BUFFER_OLD not in proc.stderr, proc.stderr
+
+
+# ---- where the flight recorder dumps: the run directory ----
+@pytest.fixture
+def no_dump_variables(monkeypatch):
+    """The job sets the dump variable in os.environ; record both names so that the test leaves neither behind."""
+    for name in (FR_DUMP_NEW, FR_DUMP_OLD):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize(("version", "name"), [
+    ("2.6.0+cu124", FR_DUMP_OLD), ("2.8.0", FR_DUMP_OLD), ("2.9.0", FR_DUMP_NEW), ("2.10.1", FR_DUMP_NEW),
+    ("2.13.0+cpu", FR_DUMP_NEW), ("3.0.0", FR_DUMP_NEW)])
+def test_the_dump_file_name_each_torch_reads(version, name):
+    assert flight_recorder_dump_variable(version) == name
+
+
+@pytest.mark.slow
+def test_the_installed_torch_reads_both_dump_names_the_new_one_first():
+    """torch 2.13 (the CI pin) reads the prefix in C++ (FlightRecorder.cpp: getCvarString({TORCH_FR_DUMP_TEMP_FILE,
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE}, ...)); the names are in its library, the new one first."""
+    import mmap
+
+    library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    with library.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        new, old = data.find(f"{FR_DUMP_NEW}\0".encode()), data.find(f"{FR_DUMP_OLD}\0".encode())
+    assert flight_recorder_dump_variable(torch.__version__) == FR_DUMP_NEW and new >= 0 and old >= 0
+
+
+RUN_PREFIX = "/runs/exp/r-20250101-000000/logs/flight-recorder/77/rank_"
+DUMP_CASES = [  # (torch version, environment before, the dump part after)
+    (NEW, {}, {FR_DUMP_NEW: RUN_PREFIX}),
+    (OLD, {}, {FR_DUMP_OLD: RUN_PREFIX}),
+    (NEW, {FR_DUMP_NEW: "/scratch/me/fr_"}, {FR_DUMP_NEW: "/scratch/me/fr_"}),  # the user's, kept
+    (NEW, {FR_DUMP_OLD: "/scratch/me/fr_"}, {FR_DUMP_NEW: "/scratch/me/fr_"}),  # translated
+    (OLD, {FR_DUMP_NEW: "/scratch/me/fr_"}, {FR_DUMP_OLD: "/scratch/me/fr_"}),
+    (NEW, {FR_DUMP_NEW: "/a/", FR_DUMP_OLD: "/b/"}, {FR_DUMP_NEW: "/a/"}),  # as torch >= 2.9 would
+    (OLD, {FR_DUMP_NEW: "/a/", FR_DUMP_OLD: "/b/"}, {FR_DUMP_OLD: "/b/"}),  # as torch < 2.9 would
+    (NEW, {FR_DUMP_NEW: ""}, {FR_DUMP_NEW: RUN_PREFIX}),  # empty: torch would dump into the working directory
+]
+
+
+@pytest.mark.parametrize(("version", "before", "after"), DUMP_CASES)
+def test_dumps_go_to_the_run_unless_the_user_said_where(version, before, after, monkeypatch):
+    made = []
+    monkeypatch.setattr(Path, "mkdir", lambda self, parents=False, exist_ok=False: made.append(self))
+    environ = {"PATH": "/usr/bin", DUMP: "1", **before}
+    name = set_flight_recorder_dump_file(environ, version, Path(RUN_PREFIX))
+    assert {k: v for k, v in environ.items() if k in (FR_DUMP_NEW, FR_DUMP_OLD)} == after and name in after
+    assert environ["PATH"] == "/usr/bin" and environ[DUMP] == "1"
+    assert made == ([Path(RUN_PREFIX).parent] if after[name] == RUN_PREFIX else [])  # the user's folder: theirs
+
+
+@pytest.mark.parametrize(("job_id", "folder"), [("77", "77"), ("4242_3", "4242_3"), ("../../etc", "_.._etc"),
+                                                ("..", "job"), ("", "job"), ("a b/c", "a_b_c")])
+def test_one_dump_folder_per_job_inside_the_run(tmp_path, job_id, folder):
+    prefix = flight_recorder_prefix(tmp_path, job_id)
+    assert prefix == tmp_path / FLIGHT_RECORDER_DIR / folder / "rank_"
+    assert prefix.resolve().is_relative_to((tmp_path / FLIGHT_RECORDER_DIR).resolve())
+
+
+def test_the_process_group_dumps_into_the_run_directory(monkeypatch, tmp_path, no_dump_variables):
+    """A real (gloo, one rank) process group of job "test": torch is handed the run's folder, which exists."""
+    monkeypatch.setenv(DUMP, "1")
+    monkeypatch.setenv(FR_BUFFER_NEW, "")
+    monkeypatch.delenv(FR_BUFFER_NEW)
+    seen: dict[str, str] = {}
+    real_init = torch.distributed.init_process_group
+
+    def init_and_look(*args, **kwargs):
+        seen.update(os.environ)
+        return real_init(*args, **kwargs)
+
+    monkeypatch.setattr(torch.distributed, "init_process_group", init_and_look)
+    with distributed.process_group(_one_rank(), backend="gloo", run_dir=tmp_path):
+        assert torch.distributed.get_world_size() == 1
+    prefix = tmp_path / "logs" / "flight-recorder" / "test" / "rank_"
+    assert seen[FR_DUMP_NEW] == str(prefix) and FR_DUMP_OLD not in seen and prefix.parent.is_dir()
+
+
+def test_a_dump_file_the_user_set_reaches_the_process_group(monkeypatch, tmp_path, no_dump_variables):
+    monkeypatch.setenv(FR_DUMP_OLD, str(tmp_path / "mine_"))  # the old name, from a site's env
+    seen: dict[str, str] = {}
+    real_init = torch.distributed.init_process_group
+
+    def init_and_look(*args, **kwargs):
+        seen.update(os.environ)
+        return real_init(*args, **kwargs)
+
+    monkeypatch.setattr(torch.distributed, "init_process_group", init_and_look)
+    with distributed.process_group(_one_rank(), backend="gloo", run_dir=tmp_path / "run"):
+        pass
+    assert seen[FR_DUMP_NEW] == str(tmp_path / "mine_") and FR_DUMP_OLD not in seen
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_training_job_points_the_dumps_into_its_run(fake_cuda, monkeypatch, tmp_path, no_dump_variables):
+    """train_task down to init_process_group (tests/launch/test_train_device.py's double): job 77's ranks dump
+    under the run directory the job was given (what the job exported is still in its environment there)."""
+    from tests.launch.test_train_device import _train_task_until_the_process_group
+
+    cuda = fake_cuda(2)
+    _train_task_until_the_process_group(cuda, monkeypatch, tmp_path, local_rank=1)
+    assert cuda.events[-1][0] == "init_process_group"
+    prefix = tmp_path / FLIGHT_RECORDER_DIR / "77" / "rank_"
+    assert os.environ[FR_DUMP_NEW] == str(prefix) and prefix.parent.is_dir() and FR_DUMP_OLD not in os.environ
