@@ -4,11 +4,11 @@
     python bench/compile_blocks.py --backend eager --batches 20 --ac full
 
 The tiny pi0.5 is built on the meta device and wrapped by embodyhpc.parallel.parallelize on a 1-rank gloo group,
-exactly as training wraps it (activation checkpointing, per-block compile, FSDP2), with each compiled block given
-its own counting backend (embodyhpc.parallel.compile_stats) around eager or aot_eager (no inductor: CPU C++ builds
-would dominate). Each batch is a different mix, deterministic from --seed: 3-6 samples, 1-3 cameras (absent
-cameras contribute no tokens), instructions of 1-40 words, packed first-fit-decreasing into rows of
-model.max_token_len tokens as the data pipeline packs them; forward, backward and an AdamW step.
+exactly as training wraps it (activation checkpointing, per-block compile, FSDP2), every compiled block given
+the one counting backend (embodyhpc.parallel.compile_stats, as training gives them one) around eager or aot_eager
+(no inductor: CPU C++ builds would dominate). Each batch is a different mix, deterministic from --seed: 3-6
+samples, 1-3 cameras (absent cameras contribute no tokens), instructions of 1-40 words, packed first-fit-decreasing
+into rows of model.max_token_len tokens as the data pipeline packs them; forward, backward and an AdamW step.
 
 Goal (issue 14): 0 graph breaks per compiled block and at most 3 recompiles over 50 batches, with AC off and on.
 Prints one row per block and mode, the goal verdict (ok / OVER), and the mean step time against the same model
@@ -77,6 +77,7 @@ def run(mode: str, ac: str, backend: str, data: list, cfg) -> tuple[dict, int, f
         model = build_model(cfg, PrecisionConfig(mode="fp32"))
     parallelize(model, ParallelismConfig(activation_checkpointing=ac, compile=mode == "compiled"),
                 PrecisionConfig(mode="fp32"), build_mesh(1, 1, "cpu"), compile_backend=stats.backend_for)
+    stats.attach(model)
     materialize(model, "cpu", seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times = []

@@ -54,9 +54,20 @@ def resolve(config: Config) -> Resolved:
         raise ConfigError("fp8 with transformer-engine needs GPUs (resources.gpus_per_node=0)",
                           key="precision.fp8_backend", related=("precision.mode", "resources.gpus_per_node"),
                           fix="set precision.fp8_backend=torchao for CPU runs")
+    if precision.mode == "fp8" and precision.fp8_backend == "te" and config.parallelism.compile:
+        # transformer-engine disables dynamo in te.Linear.forward (@no_torch_dynamo) and in its checkpoint
+        # (@torch._disable_dynamo): a compiled block graph-breaks at every te.Linear, an activation-checkpointed one
+        # runs wholly eagerly. The compile would cost its warm-up and gain nothing.
+        raise ConfigError("torch.compile gains nothing with transformer-engine: te.Linear and TE's activation "
+                          "checkpoint disable dynamo, so compiled blocks run eagerly", key="parallelism.compile",
+                          related=("precision.fp8_backend",),
+                          fix="set parallelism.compile=false (and cuda_graphs=false), or precision.fp8_backend=torchao "
+                          "to compile fp8 blocks")
     if config.parallelism.cuda_graphs and res.gpus_per_node == 0:
         raise ConfigError("CUDA graphs need GPUs (resources.gpus_per_node=0)", key="parallelism.cuda_graphs",
                           related=("resources.gpus_per_node",), fix="set parallelism.cuda_graphs=false for CPU runs")
+    if config.parallelism.cuda_graphs:
+        _refuse_cuda_graphs(config)
     if config.staging.enabled and config.data.format == "synthetic":
         raise ConfigError("staging needs a dataset on disk, but data.format is synthetic",
                           key="staging.enabled", related=("data.format",),
@@ -92,3 +103,24 @@ def _check_job_environment(config: Config) -> None:
                                   lambda name: config.network.key_of(name) if name in network_env
                                   else f"site.env.{name}")
 
+
+def _refuse_cuda_graphs(config: Config) -> None:
+    """CUDA graphs of compiled blocks cannot pay in FSDP2 training, so `cuda_graphs: true` is refused with every
+    reason that applies. Cudagraph trees replay a graph only while its parameters keep their addresses and its
+    inputs their shapes. parallelize() makes every compiled block an FSDP2 unit, and FSDP2 frees a unit's gathered
+    parameters after forward (reshard_after_forward: every unit but the last) and after backward (every unit, on any
+    dp_shard, 1 included) and gathers them into new memory next time: a new address, a new recording, every step."""
+    reasons = ["FSDP2 frees each compiled block's gathered parameters after forward (reshard_after_forward) and "
+               "backward, so they come back at new addresses and cudagraph trees re-record every step"]
+    related = ["parallelism.compile", "parallelism.dp_shard"]
+    if config.model.packing:
+        reasons.append("model.packing changes the blocks' input shapes almost every step (one recording per shape)")
+        related.append("model.packing")
+    if config.precision.mode == "fp8":
+        reasons.append("the fp8 GEMM counter adds in place to a tensor cudagraphs do not manage, so they skip the "
+                       "fp8 blocks")
+        related.append("precision.mode")
+    raise ConfigError(f"CUDA graphs cannot pay here: {'; '.join(reasons)}", key="parallelism.cuda_graphs",
+                      related=tuple(related),
+                      fix="set parallelism.cuda_graphs=false (parallelism.compile keeps the fused kernels); "
+                          "`embodyhpc smoke` counts the re-recordings on a GPU node")

@@ -229,9 +229,11 @@ class ParallelismConfig:
     compile: bool = False
     """torch.compile each block (dynamic shapes: one graph per block for packed batches of any composition)."""
     cuda_graphs: bool = False
-    """With compile on GPUs: replay each compiled block as a CUDA graph (inductor's reduce-overhead mode), which
-    removes the per-kernel launch cost. A graph is recorded per distinct input shape, so it pays off when the shapes
-    repeat (fixed token budgets, few distinct packings); check with `embodyhpc smoke` on the first GPU node."""
+    """With compile on GPUs: replay each compiled block as a CUDA graph (inductor's reduce-overhead mode). It pays
+    only where a block's parameters keep their addresses and its inputs their shapes: no FSDP2 sharding (or
+    reshard_after_forward false) and fixed shapes (model.packing false). Training makes every compiled block an FSDP2
+    unit freed after forward and backward (cudagraph trees re-record every step), so validate refuses true, naming
+    each reason (also packing's shapes, fp8's counter); `embodyhpc smoke` counts the re-recordings on a GPU node."""
 
     def __post_init__(self) -> None:
         if self.cuda_graphs and not self.compile:

@@ -34,22 +34,24 @@ Rendering on CPU (EGL falls back to Mesa's llvmpipe) is the cost of a LIBERO eva
 skybox is not drawn (pixel-identical); cameras are rendered by this suite from the state at the end of each control
 step (robosuite's camera observables sample inside the step: a few pixels differ), and only for the observations the
 policy will read (`observe_images`: the pixels do not depend on it); and `render_quality="fast"` also turns off
-reflections, haze and multisampling, which changes pixels: for tests, never for reported numbers. On a GPU node the
-EGL device is the GPU Slurm gave the task (`egl_device`).
+reflections, haze and multisampling, which changes pixels: for tests, never for reported numbers. The EGL device is the
+task's own GPU, found through EGL_CUDA_DEVICE_NV (embodyhpc.sim.egl; `egl_device`), and printed once per suite.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from embodyhpc.eval.suites import Obs, check_action, episode_seed
 from embodyhpc.eval.task_names import LIBERO_BENCHMARKS
+from embodyhpc.sim import egl
 
 BENCHMARKS = tuple(LIBERO_BENCHMARKS)
 REPORTED = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
@@ -89,21 +91,18 @@ def upright(image: np.ndarray) -> np.ndarray:
 
 
 def egl_device(environ: Mapping[str, str]) -> str | None:
-    """The EGL device index to export as MUJOCO_EGL_DEVICE_ID, or None to leave the choice to MuJoCo.
+    """The EGL device index to render on (MUJOCO_EGL_DEVICE_ID while the renderer starts), printed; None where the
+    choice is not ours: a MUJOCO_EGL_DEVICE_ID the user set (checked, kept) or a MUJOCO_GL other than EGL.
 
-    On a GPU node: the first GPU Slurm gave the task, by its physical index. EGL lists every GPU of the node in
-    physical order, whatever CUDA_VISIBLE_DEVICES says (Slurm renumbers that from 0 under ConstrainDevices), so the
-    index comes from SLURM_STEP_GPUS / SLURM_JOB_GPUS, else from a numeric CUDA_VISIBLE_DEVICES. A CUDA_VISIBLE_DEVICES
-    without indices (empty in CPU jobs, or GPU UUIDs) would crash robosuite's EGL set-up, which parses it: device 0
-    (Mesa's software device on CPU nodes). A MUJOCO_EGL_DEVICE_ID the user set stays.
+    The device whose EGL_CUDA_DEVICE_NV is the task's CUDA device 0, else the first that initialises
+    (`embodyhpc.sim.egl.render_device`): EGL's order is not CUDA's, so no index from SLURM_STEP_GPUS or
+    CUDA_VISIBLE_DEVICES names the task's GPU.
     """
-    if environ.get("MUJOCO_EGL_DEVICE_ID"):
+    choice = egl.render_device(environ, max_index=egl.ROBOSUITE_MAX_DEVICES - 1)
+    if choice is None:
         return None
-    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
-        first = environ.get(name, "").split(",")[0].strip()
-        if first.isdigit():
-            return first
-    return "0" if "CUDA_VISIBLE_DEVICES" in environ else None
+    print(f"libero: rendering on {choice.describe()}", flush=True)
+    return str(choice.index)
 
 
 def _libero() -> tuple[Any, Callable[[str], str], Any]:
@@ -111,6 +110,9 @@ def _libero() -> tuple[Any, Callable[[str], str], Any]:
     import types
 
     if "robosuite" not in sys.modules:  # robosuite's own defaults, without its three "no private macro file" lines
+        # robosuite asserts at import that a MUJOCO_EGL_DEVICE_ID is among CUDA_VISIBLE_DEVICES, which an EGL index
+        # need not be: ours is set only while a renderer starts (after this import), a user's is checked here
+        egl.check_user_device(os.environ)
         sys.modules.setdefault("robosuite.macros_private", types.ModuleType("robosuite.macros_private"))
     try:
         from libero.libero import benchmark, get_libero_path
@@ -252,20 +254,24 @@ class LiberoSuite:
             self._tasks[task] = (suite.get_task(int(index)), suite.get_task_init_states(int(index)))
         return self._tasks[task]
 
+    @functools.cached_property
+    def _egl_index(self) -> str | None:
+        """The EGL device this suite's renderers start on, chosen (and printed) once."""
+        return egl_device(os.environ)
+
     def _task_env(self, task: str) -> tuple[Any, np.ndarray]:
         if task not in self._envs:
-            _, get_libero_path, env_class = _libero()
+            _, get_libero_path, env_class = _libero()  # robosuite imported before MUJOCO_EGL_DEVICE_ID is ours
             info, init_states = self._task(task)
-            device = egl_device(os.environ)
-            if device is not None:
-                os.environ["MUJOCO_EGL_DEVICE_ID"] = device
             os.environ.setdefault("MUJOCO_GL", "egl")
-            env = env_class(bddl_file_name=os.path.join(get_libero_path("bddl_files"), info.problem_folder,
-                                                        info.bddl_file),
-                            camera_names=[VIDEO_CAMERA], camera_heights=self.image_size,
-                            camera_widths=self.image_size, use_camera_obs=False, has_offscreen_renderer=True,
-                            horizon=self.max_steps(task) + SETTLE_STEPS + 1, ignore_done=True,
-                            render_gpu_device_id=int(device) if device is not None else -1)
+            device = self._egl_index
+            with _egl_device_set(device):  # robosuite reads it when the env's renderer starts (once per process)
+                env = env_class(bddl_file_name=os.path.join(get_libero_path("bddl_files"), info.problem_folder,
+                                                            info.bddl_file),
+                                camera_names=[VIDEO_CAMERA], camera_heights=self.image_size,
+                                camera_widths=self.image_size, use_camera_obs=False, has_offscreen_renderer=True,
+                                horizon=self.max_steps(task) + SETTLE_STEPS + 1, ignore_done=True,
+                                render_gpu_device_id=int(device) if device is not None else -1)
             if self.render_quality == "fast":
                 env.env.set_xml_processor(_without_multisampling)
             self._envs[task] = (env, np.asarray(init_states))
@@ -319,6 +325,20 @@ class LiberoSuite:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _egl_device_set(device: str | None) -> Iterator[None]:
+    """MUJOCO_EGL_DEVICE_ID=device inside the block only: spawned workers inherit none, so their robosuite import
+    sees no MUJOCO_EGL_DEVICE_ID and they choose their own."""
+    if device is None:
+        yield
+        return
+    os.environ["MUJOCO_EGL_DEVICE_ID"] = device
+    try:
+        yield
+    finally:
+        os.environ.pop("MUJOCO_EGL_DEVICE_ID", None)
 
 
 def _without_multisampling(xml: str) -> str:

@@ -4,7 +4,12 @@ Which layers go to fp8 (`fp8_filter_for(model)`, one rule for both backends and 
   an nn.Linear inside one of the model's declared FSDP units (`fsdp_units()`: its repeated blocks; for pi0.5
   vision.blocks.*, layers.* — attention projections and MLPs of the VLM and the action expert; for GR00T also the
   VL adapter's and the DiT's blocks), not in a norm, whose in and out features are both multiples of 16 (float8
-  GEMMs need that alignment). `fp8_linear_filter` is the same rule spelled with pi0.5's block names.
+  GEMMs need that alignment), and that is trainable (a parameter requires grad). `fp8_linear_filter` is the same
+  block rule spelled with pi0.5's block names.
+A frozen Linear stays in high precision: there is no backward through its weights to speed up, and float8 would
+shift the features a pretrained part was trained to give (GR00T's LLM and vision tower, frozen unless
+model.options.tune_llm / tune_visual). Models set requires_grad in their constructor, so the filter sees it when
+build_model converts.
 Everything else stays in the high-precision dtype: embeddings and the patch convolution (not Linear), every norm
 including the adaptive norms' time modulation (a small matmul whose error scales every activation of the expert),
 the vision projector, the time MLP, the action input projection and the action output head (the velocity the
@@ -48,20 +53,24 @@ def fp8_linear_filter(module: nn.Module, fqn: str) -> bool:
 
 
 def fp8_filter_for(model: nn.Module) -> Callable[[nn.Module, str], bool]:
-    """The filter of `model` (module doc): Linear layers inside its declared FSDP units; a model declaring none
-    gets pi0.5's name rule."""
+    """The filter of `model` (module doc): trainable Linear layers inside its declared FSDP units; a model declaring
+    none gets pi0.5's name rule. Frozen layers (no parameter requires grad) are never selected."""
     declare = getattr(model, "fsdp_units", None)
     if declare is None:
-        return fp8_linear_filter
-    units = {id(unit) for unit in declare()}
-    prefixes = tuple(f"{name}." for name, module in model.named_modules() if id(module) in units)
+        in_block = fp8_linear_filter
+    else:
+        units = {id(unit) for unit in declare()}
+        prefixes = tuple(f"{name}." for name, module in model.named_modules() if id(module) in units)
 
-    def in_block(module: nn.Module, fqn: str) -> bool:
-        if not isinstance(module, nn.Linear) or not fqn.startswith(prefixes) or "norm" in fqn:
-            return False
-        return module.in_features % _ALIGNMENT == 0 and module.out_features % _ALIGNMENT == 0
+        def in_block(module: nn.Module, fqn: str) -> bool:
+            if not isinstance(module, nn.Linear) or not fqn.startswith(prefixes) or "norm" in fqn:
+                return False
+            return module.in_features % _ALIGNMENT == 0 and module.out_features % _ALIGNMENT == 0
 
-    return in_block
+    def trainable_in_block(module: nn.Module, fqn: str) -> bool:
+        return in_block(module, fqn) and any(p.requires_grad for p in module.parameters())
+
+    return trainable_in_block
 
 
 def convert_to_fp8(model: nn.Module, precision_cfg) -> nn.Module:

@@ -20,6 +20,15 @@ reshard_after_forward: True for every unit (ZeRO-3: a unit's parameters are free
 all-gathered again in backward; the memory saving is what lets full-size pi0.5 fit), except the last declared
 unit, whose backward comes right after its forward: resharding it would free and re-gather the same bytes at
 once. The root keeps FSDP's own default (not resharded, for the same reason).
+
+Backward prefetch: FSDP2 all-gathers, in each unit's pre-backward, the unit that ran before it in forward. A frozen
+unit whose backward never runs would be gathered for nothing, once per step: the frozen units before the first one
+with a trainable parameter (no gradient reaches them: GR00T's vision tower and LLM when fine-tuned frozen) and frozen
+embedding tables (their input is token ids). The unit after such a unit prefetches the nearest earlier unit that
+does run backward instead, or nothing (`skip_frozen_prefetch`; declared order is forward order, as above).
+Correctness never depends on this: a unit whose backward runs gathers its parameters in its own pre-backward,
+prefetched or not (a trainable root parameter running before frozen units, which no shipped model has, would only
+cost the overlap).
 """
 
 from __future__ import annotations
@@ -93,6 +102,37 @@ def apply_fsdp(model: nn.Module, plan: ParallelPlan, mesh: DeviceMesh, mp_policy
         fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=mp_policy,
                     reshard_after_forward=name not in keep_gathered)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    skip_frozen_prefetch(model, plan.units)
+
+
+def backward_free_units(model: nn.Module, units: tuple[str, ...]) -> list[str]:
+    """The declared units whose backward never runs (module doc): frozen before the first unit with a trainable
+    parameter, or a frozen embedding table."""
+    free, trainable_before = [], False
+    for name in units:
+        unit = model.get_submodule(name)
+        frozen = not any(p.requires_grad for p in unit.parameters())
+        if frozen and (not trainable_before or isinstance(unit, nn.Embedding)):
+            free.append(name)
+        trainable_before = trainable_before or not frozen
+    return free
+
+
+def skip_frozen_prefetch(model: nn.Module, units: tuple[str, ...]) -> list[str]:
+    """Keep FSDP2 from all-gathering the units whose backward never runs (module doc) in backward; returns them.
+
+    Each unit (or the root, last in forward) that follows such a unit gets an explicit backward prefetch: the nearest
+    earlier unit that runs backward, else itself (FSDP2 reads an empty list as "implicit"; its own parameters are
+    what its pre-backward has just gathered, so prefetching them is a no-op)."""
+    free = set(backward_free_units(model, units))
+    order: list[str | None] = [*units, None]  # None: the root
+    for i, name in enumerate(order[1:], start=1):
+        if name in free or order[i - 1] not in free:
+            continue
+        module = model if name is None else model.get_submodule(name)
+        earlier = next((unit for unit in reversed(order[:i]) if unit not in free), None)
+        module.set_modules_to_backward_prefetch([module if earlier is None else model.get_submodule(earlier)])
+    return [name for name in units if name in free]
 
 
 def materialize(model: nn.Module, device: torch.device | str, seed: int | None = None) -> None:

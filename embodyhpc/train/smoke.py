@@ -11,7 +11,9 @@ counter), once per path:
 - FSDP2 over all of this node's GPUs.
 A row says ran (passed or failed) or skipped and why (no GPU, a library missing or too old, a recipe the GPU
 cannot run), the loss at the first and last step (the same batch, noise and flow times every step: it must fall),
-tokens/s (median step after the first 3, which include compilation), peak memory and FP8 GEMMs per step.
+tokens/s (median step after the first 3, which include compilation), peak memory and FP8 GEMMs per step; the CUDA
+graphs row also the graphs recorded after those 3 steps (re-recordings: 0 where the graphs pay; FSDP2's parameter
+addresses change every step, so validate refuses parallelism.cuda_graphs for training and this row shows why).
 Without a GPU the CPU references run (sdpa and the CPU varlen kernel, fp32 and bf16, torchao FP8, compile with the
 aot_eager backend: inductor's CPU build takes minutes here) and every GPU row is skipped with its reason.
 
@@ -33,6 +35,7 @@ from pathlib import Path
 
 ROW_TIMEOUT_S = 900
 TE_RECIPES = ("current", "delayed", "block")
+WARMUP_STEPS = 3  # compilation, cudagraph warm-up and first recordings: left out of tokens/s and re-recordings
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ class SmokeRow:
     tokens_per_s: float | None = None
     peak_memory_bytes: int | None = None
     fp8_gemms: float | None = None
+    cuda_graph_rerecords: int | None = None
+    """CUDA graphs recorded after the warm-up steps (rows with cuda_graphs only): 0 where graphs replay."""
     seconds: float | None = None
     model: str | None = None
     """The class the row's process built and trained (e.g. Pi05Policy, GrootPolicy)."""
@@ -304,22 +309,54 @@ def _train(path: SmokePath, steps: int, size: str, name: str, device) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     losses, times = [], []
-    for _ in range(steps):
-        started = time.perf_counter()
-        loss = micro_batch_step(model, batch, precision, amax_group=amax_group, noise=noise, time=flow_time)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss))  # a sync: the step's time includes its GPU work
-        times.append(time.perf_counter() - started)
+    with CudaGraphRecordings() as recordings:
+        for step in range(steps):
+            if step == WARMUP_STEPS:
+                recordings.count = 0
+            started = time.perf_counter()
+            loss = micro_batch_step(model, batch, precision, amax_group=amax_group, noise=noise, time=flow_time)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(float(loss))  # a sync: the step's time includes its GPU work
+            times.append(time.perf_counter() - started)
     fp8, fell_back = counter.take()
-    step_s = statistics.median(times[3:] or times)
+    step_s = statistics.median(times[WARMUP_STEPS:] or times)
     first, last = losses[0], statistics.mean(losses[-3:])
     passed = last < first and all(v == v and abs(v) != float("inf") for v in losses) and fell_back == 0
     return {"status": "passed" if passed else "failed",
             "reason": None if passed else _why(first, last, fell_back),
             "first_loss": first, "last_loss": last, "tokens_per_s": tokens * dist.get_world_size() / step_s,
             "peak_memory_bytes": _peak_memory(device), "fp8_gemms": fp8 / steps if counter.num_layers else None,
+            "cuda_graph_rerecords": recordings.count if path.cuda_graphs and steps > WARMUP_STEPS else None,
             "model": built}
+
+
+class CudaGraphRecordings:
+    """Counts the CUDA graphs cudagraph trees record while the block is open (`count`, which the caller may reset).
+
+    Every recording runs inside dynamo's `callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING,
+    ...)` (torch/_inductor/cudagraph_trees.py, record_function), whose start callbacks see the trigger; a recording
+    nested in a compilation (the first steps) is not seen. Private to torch: tests/train/test_smoke.py pins both."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _started(self, args) -> None:
+        from torch._dynamo.callback import CallbackTrigger
+
+        if args.callback_trigger == CallbackTrigger.CUDAGRAPH_RECORDING:
+            self.count += 1
+
+    def __enter__(self) -> CudaGraphRecordings:
+        from torch._dynamo.callback import callback_handler
+
+        callback_handler.register_start_callback(self._started)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from torch._dynamo.callback import callback_handler
+
+        callback_handler.remove_start_callback(self._started)
 
 
 def _why(first: float, last: float, fell_back: int) -> str:
@@ -348,7 +385,10 @@ def format_report(report: SmokeReport) -> str:
         tokens = f"{row.tokens_per_s:,.0f}" if row.tokens_per_s else "-"
         memory = f"{row.peak_memory_bytes / 2**20:,.0f} MiB" if row.peak_memory_bytes else "-"
         gemms = f"{row.fp8_gemms:.0f}" if row.fp8_gemms is not None else "-"
-        note = (row.reason or "") + (" [the recipe's path]" if row.recipe else "")
+        graphs = None if row.cuda_graph_rerecords is None else (
+            f"{row.cuda_graph_rerecords} CUDA graphs recorded after warm-up"
+            + (" (they re-record: no gain)" if row.cuda_graph_rerecords else ""))
+        note = " ".join(part for part in (row.reason, graphs, "[the recipe's path]" if row.recipe else None) if part)
         lines.append(f"{row.path.name:<28} {row.status:<8} {loss:<20} {tokens:>10} {memory:>10} {gemms:>9}  {note}")
     ran = [row for row in report.rows if row.status != "skipped"]
     failed = [row for row in ran if row.status == "failed"]

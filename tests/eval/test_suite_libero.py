@@ -14,7 +14,6 @@ import pytest
 from embodyhpc.eval.suite_libero import (
     BENCHMARKS,
     LiberoSuite,
-    egl_device,
     expand_tasks,
     libero_state,
     quat_to_axis_angle,
@@ -54,19 +53,6 @@ def test_images_turn_180_degrees() -> None:
     turned = upright(image)
     assert np.array_equal(turned[0, 0], image[-1, -1]) and np.array_equal(turned[-1, -1], image[0, 0])
     assert turned.flags.c_contiguous
-
-
-@pytest.mark.parametrize(("environ", "device"), [
-    ({}, None),
-    ({"CUDA_VISIBLE_DEVICES": "0", "SLURM_STEP_GPUS": "5"}, "5"),  # Slurm renumbers CUDA ids; EGL lists physical
-    ({"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_GPUS": "2,3"}, "2"),
-    ({"CUDA_VISIBLE_DEVICES": "3"}, "3"),
-    ({"CUDA_VISIBLE_DEVICES": "GPU-8f2c1e"}, "0"),  # robosuite would fail to parse a UUID
-    ({"CUDA_VISIBLE_DEVICES": ""}, "0"),  # CPU jobs: robosuite would fail to parse ""
-    ({"MUJOCO_EGL_DEVICE_ID": "1", "SLURM_STEP_GPUS": "5"}, None),  # the user's own choice stays
-])
-def test_the_egl_device_is_the_gpu_slurm_gave_the_task(environ, device) -> None:
-    assert egl_device(environ) == device
 
 
 @pytest.mark.slow

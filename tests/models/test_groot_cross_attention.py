@@ -38,13 +38,24 @@ def inputs(dtype=torch.float32):
 
 def rows_of(p, tensors):
     """Per-sample key tensors ([image tokens, then text tokens]) gathered into the plan's VLM rows, plus the padding
-    column, the way the model gathers its features (a source of all image tokens, then all text slots)."""
+    columns up to the plan's key width, the way the model gathers its features (a source of all image tokens, then
+    all text slots)."""
     longest = max(TEXT)
     images = torch.cat([t[:IMAGE] for t in tensors])
     text = torch.cat([F.pad(t[IMAGE:], (0, 0, 0, 0, 0, longest - (t.shape[0] - IMAGE))) for t in tensors])
     source = torch.cat([images, text, images.new_zeros(1, *images.shape[1:])])
     rowed = source[p.vl_source]
-    return torch.cat([rowed, rowed.new_zeros(rowed.shape[0], 1, *rowed.shape[2:])], dim=1)
+    return F.pad(rowed, (0, 0, 0, 0, 0, p.key_width - rowed.shape[1]))
+
+
+def cross_attend(p, q, keys, values, prepared):
+    """q [N, S, H, D] laid out as the model lays out its action-side tokens (S' per sample, plan.token_stride),
+    attended in rows, back to [N, S, H, D]."""
+    strided = F.pad(q, (0, 0, 0, 0, 0, p.token_stride - S))
+    out = attend(to_rows(strided.flatten(0, 1), p.q_rows), rows_of(p, keys), rows_of(p, values), prepared=prepared)
+    got = from_rows(out, p.q_inverse).unflatten(0, (len(TEXT), p.token_stride))
+    assert not got[:, S:].any()  # the alignment tokens are no query
+    return got[:, :S]
 
 
 @pytest.mark.parametrize("rows", [[[0], [1], [2], [3], [4]], [[0, 2, 4], [1, 3]], [[1, 0, 2, 3, 4]]])
@@ -52,9 +63,7 @@ def rows_of(p, tensors):
 def test_packed_cross_attention_equals_each_sample_alone(rows, backend):
     p = plan(rows)
     q, keys, values = inputs()
-    prepared = p.cross_layout.prepare(backend)
-    out = attend(to_rows(q.flatten(0, 1), p.q_rows), rows_of(p, keys), rows_of(p, values), prepared=prepared)
-    got = from_rows(out, p.q_inverse).unflatten(0, (len(TEXT), S))
+    got = cross_attend(p, q, keys, values, p.cross_layout.prepare(backend))
     torch.testing.assert_close(got, per_sample_reference(q, keys, values), rtol=1e-5, atol=1e-5)
 
 
@@ -69,9 +78,7 @@ def test_through_the_flash_attn_kernel_seam(flash_double):  # noqa: F811
     p = plan([[0, 2, 4], [1, 3]])
     q, keys, values = inputs(torch.bfloat16)
     varlen = p.cross_layout.prepare("sdpa_segments").varlen
-    out = attend(to_rows(q.flatten(0, 1), p.q_rows), rows_of(p, keys), rows_of(p, values),
-                 prepared=PreparedAttention("flash_varlen", varlen=varlen))
-    got = from_rows(out, p.q_inverse).unflatten(0, (len(TEXT), S))
+    got = cross_attend(p, q, keys, values, PreparedAttention("flash_varlen", varlen=varlen))
     reference = per_sample_reference(q.float(), [k.float() for k in keys], [v.float() for v in values])
     torch.testing.assert_close(got.float(), reference, rtol=2e-2, atol=2e-2)
     assert any(call["max_q"] == S and call["max_k"] == IMAGE + max(TEXT) for call in flash_double.CALLS)

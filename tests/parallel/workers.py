@@ -308,6 +308,7 @@ def compile_counts_scenario(rank: int, world: int, ac: str, num_batches: int) ->
         model = build_model(MODEL, FP32)
     parallelize(model, ParallelismConfig(activation_checkpointing=ac, compile=True), FP32, build_mesh(1, world, "cpu"),
                 compile_backend=stats.backend_for)
+    stats.attach(model)
     materialize(model, "cpu", seed=0)
     g = torch.Generator().manual_seed(rank)
     words = "pick up the red cup and place it on the shelf near the open door slowly".split()
@@ -325,7 +326,8 @@ def compile_counts_scenario(rank: int, world: int, ac: str, num_batches: int) ->
 
 
 # ---- GR00T with a frozen VLM: what FSDP2 all-gathers in backward (tests/parallel/test_frozen_prefetch.py) ----
-GROOT_TUNE = {"frozen": {}, "tune_llm": {"tune_llm": True}, "trainable": {"tune_llm": True, "tune_visual": True}}
+GROOT_TUNE = {"frozen": {}, "tune_llm": {"tune_llm": True}, "tune_visual": {"tune_visual": True},
+              "trainable": {"tune_llm": True, "tune_visual": True}}
 
 
 def frozen_prefetch_scenario(rank: int, world: int) -> dict:

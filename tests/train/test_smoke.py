@@ -253,3 +253,44 @@ def test_the_smoke_job_smokes_the_model_its_request_names_else_its_recipes(tmp_p
         with pytest.raises(ConfigError, match=says):
             smoke_task(str(tmp_path))
         assert not (tmp_path / SMOKE_FILE).exists()
+
+
+@pytest.mark.slow  # importing torch._inductor's cudagraph trees takes ~4 s here
+def test_cuda_graph_recordings_are_counted_from_torchs_recording_callback() -> None:
+    """The count rests on two private pieces of torch, pinned here: cudagraph trees announce each recording through
+    dynamo's callback handler with CallbackTrigger.CUDAGRAPH_RECORDING, and start callbacks see that trigger."""
+    import inspect
+
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+    from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
+
+    assert "CallbackTrigger.CUDAGRAPH_RECORDING" in inspect.getsource(CUDAGraphTreeManager.record_function)
+    with smoke.CudaGraphRecordings() as recordings:
+        torch.compile(lambda x: x * 2, backend="eager")(torch.ones(3))  # a compilation is not a recording
+        assert recordings.count == 0
+        for _ in range(2):
+            with callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING, "0/0"):
+                pass
+    with callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING, "0/0"):
+        pass  # after the block: not counted
+    assert recordings.count == 2 and recordings._started not in callback_handler.start_callbacks
+
+
+def test_the_table_says_how_many_cuda_graphs_were_recorded_after_warm_up() -> None:
+    path = SmokePath("compile + cuda graphs", compile=True, cuda_graphs=True)
+    rows = [smoke.SmokeRow(path, "passed", first_loss=2.0, last_loss=1.5, cuda_graph_rerecords=n) for n in (12, 0)]
+    rows.append(smoke.SmokeRow(SmokePath("bf16"), "passed", first_loss=2.0, last_loss=1.5))
+    lines = smoke.format_report(smoke.SmokeReport(rows, device="NVIDIA H100 x1")).splitlines()
+    assert lines[2].endswith("12 CUDA graphs recorded after warm-up (they re-record: no gain)")
+    assert lines[3].endswith("0 CUDA graphs recorded after warm-up")
+    assert "CUDA graphs" not in lines[4]
+
+
+@pytest.mark.slow
+def test_a_cuda_graphs_row_reports_its_recordings_after_warm_up() -> None:
+    """The row's code path on the CPU (aot_eager has no CUDA graphs: 0 recorded); rows without graphs report none."""
+    graphs = smoke._run_in_process(SmokePath("cpu compile + cuda graphs", device="cpu", precision="fp32",
+                                             compile=True, cuda_graphs=True), steps=5, size="tiny")
+    assert graphs.status == "passed" and graphs.cuda_graph_rerecords == 0, graphs
+    plain = smoke._run_in_process(smoke.CPU_PATHS[0], steps=4, size="tiny")
+    assert plain.status == "passed" and plain.cuda_graph_rerecords is None, plain

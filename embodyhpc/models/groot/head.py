@@ -29,15 +29,17 @@ class DiTContext:
     """What the DiT blocks of one pass share: the planned cross-attention and the query gathers."""
 
     cross: PreparedAttention
-    q_rows: torch.Tensor  # [R, Tq] into the flat action-side tokens (+ zero)
-    q_inverse: torch.Tensor  # [N*S] into R*Tq
+    q_rows: torch.Tensor  # [R, Tq] into the flat action-side tokens [N*S'] (+ zero)
+    q_inverse: torch.Tensor  # [N*S'] into R*Tq (+ zero)
+    num_tokens: int  # S: the real action-side tokens of a sample
+    token_stride: int  # S' >= S: with the alignment tokens after them (plan.py)
 
     def to_rows(self, q: torch.Tensor) -> torch.Tensor:
-        """[N, S, H, hd] -> [R, Tq, H, hd]."""
+        """[N, S', H, hd] -> [R, Tq, H, hd] (the real tokens only)."""
         return to_rows(q.flatten(0, 1), self.q_rows)
 
     def from_rows(self, out: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-        """[R, Tq, H, hd] -> [N, S, H, hd]."""
+        """[R, Tq, H, hd] -> [N, S', H, hd] (zeros on the alignment tokens)."""
         return from_rows(out, self.q_inverse).unflatten(0, tuple(shape))
 
 
@@ -92,10 +94,11 @@ class FlowMatchingHead(nn.Module):
     def tokens_per_sample(self) -> int:
         return 1 + self.shape.head.num_future_tokens + self.action_horizon
 
-    def encode_vl(self, features: torch.Tensor, prepared: PreparedAttention) -> torch.Tensor:
-        """VLM features [R, T, width] -> the DiT's cross-attention context [R, T + 1, width] (one padding column)."""
+    def encode_vl(self, features: torch.Tensor, prepared: PreparedAttention, key_width: int) -> torch.Tensor:
+        """VLM features [R, T, width] -> the DiT's cross-attention context [R, key_width, width] (padding columns
+        after the rows: plan.key_width)."""
         x = self.vl_self_attention(self.vlln(features), prepared)
-        return torch.cat([x, x.new_zeros(x.shape[0], 1, x.shape[2])], dim=1)
+        return F.pad(x, (0, 0, 0, key_width - x.shape[1]))
 
     def velocity(self, context: torch.Tensor, state: torch.Tensor, noisy_actions: torch.Tensor,
                  timestep: torch.Tensor, embodiment: torch.Tensor, ctx: DiTContext) -> torch.Tensor:
@@ -106,5 +109,6 @@ class FlowMatchingHead(nn.Module):
         actions = actions + self.position_embedding.weight[: self.action_horizon][None].to(actions.dtype)
         future = self.future_tokens.weight[None].expand(state.shape[0], -1, -1).to(actions.dtype)
         x = torch.cat([state_tokens.to(actions.dtype), future, actions], dim=1)  # [N, S, D]
-        out = self.model(x, context, timestep, ctx)
+        x = F.pad(x, (0, 0, 0, ctx.token_stride - x.shape[1]))  # [N, S', D]: alignment tokens (plan.py)
+        out = self.model(x, context, timestep, ctx)[:, :ctx.num_tokens]
         return self.action_decoder(out, embodiment)[:, -self.action_horizon:].float()

@@ -181,17 +181,20 @@ class DiTBlock(nn.Module):
         self.ff = FeedForward(width, 4 * width, dropout)
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor, context: torch.Tensor, ctx) -> torch.Tensor:
-        """x [N, S, D] action-side tokens, temb [N, D], context [R, T, Dc] VLM rows; ctx: model.DiTContext."""
+        """x [N, S', D] action-side tokens (S real ones, then alignment tokens), temb [N, D], context [R, Tk, Dc]
+        VLM rows; ctx: head.DiTContext."""
         a = self.attn1
         h = self.norm1(x, temb)
-        q = a.split(a.to_q(h))  # [N, S, H, hd]
+        q = a.split(a.to_q(h))  # [N, S', H, hd]
         if self.cross:  # the samples' queries gathered into the VLM rows: each attends to its own sample only
             q_rows = ctx.to_rows(q)
             out = attend(q_rows, a.split(a.to_k(context)), a.split(a.to_v(context)), prepared=ctx.cross)
             out = ctx.from_rows(out, x.shape[:2])
-        else:
+        else:  # among a sample's S real tokens; the alignment tokens get zeros
+            real = ctx.num_tokens
             k, v = a.split(a.to_k(h)), a.split(a.to_v(h))
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-            out = out.transpose(1, 2)
+            out = F.scaled_dot_product_attention(q[:, :real].transpose(1, 2), k[:, :real].transpose(1, 2),
+                                                 v[:, :real].transpose(1, 2))
+            out = F.pad(out.transpose(1, 2), (0, 0, 0, 0, 0, x.shape[1] - real))
         x = x + a.out(out)
         return x + self.ff(self.norm3(x))

@@ -139,7 +139,7 @@ class GrootPolicy(nn.Module):
                           device=batch.images.device)
 
     def encode(self, batch: GrootBatch, plan: GrootPlan) -> tuple[torch.Tensor, DiTContext]:
-        """The DiT's context (VLM features through the VL adapter, [R, T + 1, width]) and its cross-attention plan;
+        """The DiT's context (VLM features through the VL adapter, [R, key_width, width]) and its cross-attention plan;
         the frozen backbone runs without autograd."""
         dtype, needs_grad = self.action_head.vlln.weight.dtype, torch.is_grad_enabled()
         backbone_grad = needs_grad and not self.backbone_frozen
@@ -149,8 +149,9 @@ class GrootPolicy(nn.Module):
             features = self.backbone(batch.images, batch.text_ids, plan, llm)
         vl = plan.vl_layout.prepare(self.attention_backend, dtype=dtype, needs_grad=needs_grad)
         cross = plan.cross_layout.prepare(self.attention_backend, dtype=dtype, needs_grad=needs_grad)
-        context = self.action_head.encode_vl(features, vl)
-        return context, DiTContext(cross=cross, q_rows=plan.q_rows, q_inverse=plan.q_inverse)
+        context = self.action_head.encode_vl(features, vl, plan.key_width)
+        return context, DiTContext(cross=cross, q_rows=plan.q_rows, q_inverse=plan.q_inverse,
+                                   num_tokens=plan.tokens_per_sample, token_stride=plan.token_stride)
 
     def padded_state(self, batch: GrootBatch) -> torch.Tensor:
         width = self.shape.head.max_state_dim
