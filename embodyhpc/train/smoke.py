@@ -49,6 +49,8 @@ class SmokePath:
     compile: bool = False
     cuda_graphs: bool = False
     ranks: int = 1
+    resume_and_evaluate: bool = False
+    """After training: checkpoint, resume a fresh model, export, evaluate (embodyhpc/train/smoke_chain.py)."""
 
 
 @dataclass
@@ -126,6 +128,8 @@ def gpu_paths(num_gpus: int) -> list[SmokePath]:
     paths.append(SmokePath("bf16"))
     paths += [SmokePath(f"te fp8 {recipe}", precision="fp8", fp8_backend="te", fp8_recipe=recipe)
               for recipe in TE_RECIPES]
+    paths.append(SmokePath("te fp8 resume + eval", precision="fp8", fp8_backend="te", fp8_recipe="delayed",
+                           resume_and_evaluate=True))
     paths.append(SmokePath("torchao fp8", precision="fp8"))
     paths += [SmokePath("compile", compile=True), SmokePath("compile + cuda graphs", compile=True, cuda_graphs=True),
               SmokePath(f"fsdp2 x{max(num_gpus, 2)} gpus", ranks=max(num_gpus, 2))]
@@ -294,13 +298,19 @@ def _train(path: SmokePath, steps: int, size: str, name: str, device) -> dict:
     model_cfg = entry.config(size, path.attention)
     precision = PrecisionConfig(mode=path.precision, fp8_backend=path.fp8_backend, fp8_recipe=path.fp8_recipe)
     parallel = ParallelismConfig(compile=path.compile, cuda_graphs=path.cuda_graphs)
-    with torch.device("meta"):
-        model = build_model(model_cfg, precision)
-    built = type(model).__name__  # before parallelize: FSDP2 renames the class
     backend = "aot_eager" if path.compile and device.type == "cpu" else None
-    parallelize(model, parallel, precision, build_mesh(1, dist.get_world_size(), device.type),
-                compile_backend=backend)
-    materialize(model, device, seed=0)
+
+    def build():
+        with torch.device("meta"):
+            model = build_model(model_cfg, precision)
+        parallelize(model, parallel, precision, build_mesh(1, dist.get_world_size(), device.type),
+                    compile_backend=backend)
+        materialize(model, device, seed=0)
+        return model
+
+    with torch.device("meta"):
+        built = type(build_model(model_cfg, precision)).__name__  # FSDP2 renames the class it wraps
+    model = build()
     counter = FP8GemmCounter(model, device)
     batch, noise, flow_time, tokens = entry.fixed_batch(model_cfg, dist.get_rank())
     batch, noise, flow_time = batch.to(device), noise.to(device), flow_time.to(device)
@@ -323,8 +333,17 @@ def _train(path: SmokePath, steps: int, size: str, name: str, device) -> dict:
     step_s = statistics.median(times[WARMUP_STEPS:] or times)
     first, last = losses[0], statistics.mean(losses[-3:])
     passed = last < first and all(v == v and abs(v) != float("inf") for v in losses) and fell_back == 0
-    return {"status": "passed" if passed else "failed",
-            "reason": None if passed else _why(first, last, fell_back),
+    reason = None if passed else _why(first, last, fell_back)
+    if path.resume_and_evaluate and passed:
+        from embodyhpc.train.smoke_chain import resume_and_evaluate
+
+        def loss_of(evaluated) -> float:
+            with torch.no_grad():
+                return float(evaluated(batch, noise=noise, time=flow_time).loss)
+
+        chain = resume_and_evaluate(model, optimizer, build, model_cfg, loss_of, step=steps, device=device)
+        passed, reason = chain["ok"], chain["reason"]
+    return {"status": "passed" if passed else "failed", "reason": reason,
             "first_loss": first, "last_loss": last, "tokens_per_s": tokens * dist.get_world_size() / step_s,
             "peak_memory_bytes": _peak_memory(device), "fp8_gemms": fp8 / steps if counter.num_layers else None,
             "cuda_graph_rerecords": recordings.count if path.cuda_graphs and steps > WARMUP_STEPS else None,

@@ -37,8 +37,8 @@ def test_on_a_gpu_node_without_gpu_libraries_their_rows_say_what_is_missing(gpu_
     assert device == "NVIDIA H100 80GB HBM3 x4"
     assert not any(name.startswith("cpu ") for name in reasons)  # GPU nodes run the GPU paths only
     assert "flash-attn 2 is not installed" in reasons["attention flash_varlen"]
-    for recipe in ("current", "delayed", "block"):
-        assert "needs transformer-engine" in reasons[f"te fp8 {recipe}"]
+    for name in ("te fp8 current", "te fp8 delayed", "te fp8 block", "te fp8 resume + eval"):
+        assert "needs transformer-engine" in reasons[name]
     for name in ("attention sdpa_reference", "bf16", "torchao fp8", "compile", "compile + cuda graphs",
                  "fsdp2 x4 gpus", "attention torch_varlen", "attention flex"):
         assert reasons[name] is None, (name, reasons[name])
@@ -53,7 +53,7 @@ def test_on_a_gpu_node_with_the_libraries_every_row_runs(gpu_node, monkeypatch) 
     try:
         rows, _ = plan_rows()
         assert all(reason is None for _, reason in rows), _reasons(rows)
-        assert len(rows) == 4 + 1 + 3 + 1 + 3
+        assert len(rows) == 4 + 1 + 3 + 1 + 1 + 3  # attention, bf16, te x3, te chain, torchao, compile x2, fsdp
     finally:
         drop_modules("flash_attn", "transformer_engine")
         attention._flash_attn_installed.cache_clear()

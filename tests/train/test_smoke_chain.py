@@ -75,3 +75,29 @@ def test_a_model_that_never_ran_in_fp8_fails_the_row(te_gpu_node) -> None:
     result = resume_and_evaluate(model, optimizer, lambda: build_model(cfg, DELAYED), cfg, loss_of, step=1,
                                  device="cpu")
     assert not result["ok"] and "hold no FP8 state after training" in result["reason"]
+
+
+@pytest.mark.slow
+def test_the_smoke_row_trains_checkpoints_resumes_and_evaluates_in_its_own_process() -> None:
+    """The row itself (run_row: FSDP2 on one gloo rank, the loop's step, then the chain), on the CPU with the
+    transformer-engine double standing for a GPU node; what `embodyhpc smoke` runs on the first GPU node."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO_ROOT
+
+    script = (
+        "import json\n"
+        "from tests.helpers import use_doubles\n"
+        "use_doubles('transformer_engine', gpu_node=True)\n"
+        "from embodyhpc.train.smoke import SmokePath, run_row\n"
+        "path = SmokePath('te fp8 resume + eval', device='cpu', precision='fp8', fp8_backend='te',\n"
+        "                 fp8_recipe='delayed', resume_and_evaluate=True)\n"
+        "print(json.dumps(run_row(path, 6, 'tiny')))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    assert row["status"] == "passed", row["reason"]
+    assert row["fp8_gemms"] > 0 and row["last_loss"] < row["first_loss"]
