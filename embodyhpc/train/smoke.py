@@ -82,6 +82,9 @@ class SmokeReport:
     model: str = ""
     """model.name of what was smoked."""
     size: str = ""
+    egl: str | None = None
+    """On a GPU node: the EGL device a simulator would render on for this node's CUDA device 0, and why
+    (embodyhpc/sim/egl.py), or why none can be chosen; None without a GPU."""
 
     @property
     def ok(self) -> bool:
@@ -89,7 +92,7 @@ class SmokeReport:
 
     def as_dict(self) -> dict:
         """smoke.json and `embodyhpc smoke --json`."""
-        return {"model": self.model, "size": self.size, "device": self.device, "ok": self.ok,
+        return {"model": self.model, "size": self.size, "device": self.device, "egl": self.egl, "ok": self.ok,
                 "rows": [row.as_dict() for row in self.rows]}
 
 
@@ -217,12 +220,27 @@ def run_smoke(recipe_cfg=None, *, model: str | None = None, steps: int = 20, siz
     smoke_model(model, size)  # before any row: a model or size smoke cannot run fails once, here
     rows, device = plan_rows(recipe_cfg)
     report = SmokeReport(device=device, model=model, size=size)
+    if device != "CPU only":
+        report.egl = egl_line(os.environ)
     for path, reason in rows:
         row = SmokeRow(path, "skipped", reason) if reason else _run_in_process(path, steps, size, model)
         row.recipe = matches_recipe(path, recipe_cfg)
         report.rows.append(row)
         progress(row)
     return report
+
+
+def egl_line(environ) -> str:
+    """Which EGL device a LIBERO/MetaWorld shard on this node would render on (EGL's order is not CUDA's: the one whose
+    CUDA device is the task's device 0), or why none can be chosen; a GPU node's smoke reports it."""
+    from embodyhpc.errors import RunFailure, UserError
+    from embodyhpc.sim.egl import render_device
+
+    try:
+        choice = render_device(environ)
+    except (RunFailure, UserError, OSError) as exc:
+        return f"no EGL device: {exc}"
+    return "MUJOCO_EGL_DEVICE_ID or MUJOCO_GL set by the user" if choice is None else choice.describe()
 
 
 def _run_in_process(path: SmokePath, steps: int, size: str, model: str = "pi05") -> SmokeRow:
@@ -397,6 +415,7 @@ def _peak_memory(device) -> int:
 def format_report(report: SmokeReport) -> str:
     """The table `embodyhpc smoke` prints."""
     lines = [f"embodyhpc smoke of {report.model} {report.size} on {report.device}",
+             *([f"rendering (EGL): {report.egl}"] if report.egl else []),
              f"{'path':<28} {'result':<8} {'loss first -> last':<20} {'tokens/s':>10} {'peak mem':>10} "
              f"{'fp8 GEMMs':>9}  note"]
     for row in report.rows:

@@ -294,3 +294,20 @@ def test_a_cuda_graphs_row_reports_its_recordings_after_warm_up() -> None:
     assert graphs.status == "passed" and graphs.cuda_graph_rerecords == 0, graphs
     plain = smoke._run_in_process(smoke.CPU_PATHS[0], steps=4, size="tiny")
     assert plain.status == "passed" and plain.cuda_graph_rerecords is None, plain
+
+
+def test_a_gpu_node_reports_the_egl_device_of_its_cuda_device_0(gpu_node, monkeypatch) -> None:
+    """EGL lists the node's GPUs in its own order: the smoke of a GPU node names the one whose EGL_CUDA_DEVICE_NV is
+    the task's CUDA device 0 (embodyhpc/sim/egl.py; the device list is the hardware boundary, faked here)."""
+    from embodyhpc.sim import egl
+    from embodyhpc.train.smoke import egl_line
+
+    devices = [egl.EglDevice(cuda_device=cuda, software=False, initialises=lambda: True) for cuda in (2, 0, 1)]
+    monkeypatch.setattr(egl, "egl_devices", lambda: devices)
+    for name in ("MUJOCO_EGL_DEVICE_ID", "MUJOCO_GL"):
+        monkeypatch.delenv(name, raising=False)
+    assert egl_line({}).startswith("EGL device 1 of 3")
+    monkeypatch.setattr(egl, "egl_devices", lambda: [])
+    assert egl_line({}).startswith("no EGL device: EGL lists no device")
+    assert egl_line({"MUJOCO_EGL_DEVICE_ID": "0", "CUDA_VISIBLE_DEVICES": "0"}) == (
+        "MUJOCO_EGL_DEVICE_ID or MUJOCO_GL set by the user")
