@@ -30,10 +30,11 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from embodyhpc.checkpoint import layout, rng
-from embodyhpc.checkpoint.errors import CheckpointError
+from embodyhpc.checkpoint.errors import CheckpointError, last_line
 from embodyhpc.checkpoint.export import export_consolidated
 from embodyhpc.checkpoint.group import CheckpointGroup
 from embodyhpc.checkpoint.state import (
@@ -227,7 +228,11 @@ class Checkpointer:
         saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
         match_optimizer_request(state, set(saved))  # the same decision on every rank: same names, same metadata
         kept = match_extra_state_request(state, saved)
-        dcp.load(state, checkpoint_id=folder, **self._dcp_group())
+        try:
+            dcp.load(state, checkpoint_id=folder, **self._dcp_group())
+        except CheckpointException as exc:  # a BaseException, which `except Exception` handlers would let through;
+            # DCP gathers every rank's failure, so every rank raises here and none waits in a collective
+            raise CheckpointError(f"{folder} cannot be loaded into this model: {last_line(exc)}") from None
         state[MODEL_KEY].update(kept)
         apply_model_and_optim_state(model, optimizer, state)
 

@@ -11,3 +11,9 @@ class CheckpointError(RunFailure):
 
 class NotACheckpointError(UserError):
     """A folder the user named is not a complete checkpoint."""
+
+
+def last_line(exc: BaseException, limit: int = 300) -> str:
+    """The last non-empty line of an exception's text: DCP's CheckpointException holds every rank's traceback."""
+    text = next((line for line in reversed(str(exc).splitlines()) if line.strip()), type(exc).__name__)
+    return text.strip()[:limit]

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from embodyhpc.checkpoint import layout
-from embodyhpc.checkpoint.errors import NotACheckpointError
+from embodyhpc.checkpoint.errors import NotACheckpointError, last_line
 from embodyhpc.checkpoint.integrity import (
     CONFIG_FILE,
     DCP_METADATA,
@@ -61,8 +61,7 @@ def consolidated_model_state(folder: str | Path) -> dict[str, torch.Tensor]:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
             dcp.load(state, storage_reader=reader, no_dist=True)
     except (Exception, CheckpointException) as exc:  # a BaseException wrapping each rank's failure, many lines
-        last = next((line for line in reversed(str(exc).splitlines()) if line.strip()), type(exc).__name__)
-        raise NotACheckpointError(f"its shards cannot be read ({last.strip()[:300]})", where=str(folder),
+        raise NotACheckpointError(f"its shards cannot be read ({last_line(exc)})", where=str(folder),
                                   fix="the checkpoint is damaged: evaluate another step-N folder") from None
     return {key[len(prefix):]: tensor for key, tensor in state.items()}
 

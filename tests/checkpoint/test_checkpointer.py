@@ -388,3 +388,18 @@ def test_a_cpu_run_on_a_gpu_node_stages_without_pinning(tmp_path, fake_cuda):
                       device="cpu") as ckpt:
         ckpt.save(1, model, optimizer)
     assert cuda.num_host_registrations == 0 and ("synchronize",) not in cuda.events
+
+
+def test_a_checkpoint_that_does_not_fit_fails_the_load_as_an_exception_in_one_line(tmp_path):
+    """DCP's CheckpointException is a BaseException (torch 2.13: it passes `except Exception` handlers, where the
+    job writes its reason); the checkpointer turns it into a CheckpointError naming the folder and DCP's last line."""
+    model, optimizer = _model_and_optimizer()
+    _train(model, optimizer)
+    with _checkpointer(tmp_path, async_save=False) as ckpt:
+        ckpt.save(1, model, optimizer)
+    wider = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    with _checkpointer(tmp_path) as ckpt, pytest.raises(CheckpointError) as caught:
+        ckpt.load(1, wider, torch.optim.AdamW(wider.parameters()))
+    message = str(caught.value)
+    assert "\n" not in message and "step-1 cannot be loaded into this model" in message
+    assert "Size mismatch" in message and isinstance(caught.value, Exception)
