@@ -236,8 +236,11 @@ def test_watch_of_a_finished_run_returns_at_once(cli, root, monkeypatch):
 def test_watch_in_a_real_process_piped_and_interrupted(root):
     """Piped stdout: plain lines, no control characters; Ctrl-C (SIGINT) exits 130 with one line on stderr."""
     run = root / "demo" / "demo-20261125-110000"
+    # SIGINT as a terminal delivers it: a suite started in the background of a non-interactive shell inherits it
+    # ignored, and a Python started with SIGINT ignored never raises KeyboardInterrupt
     proc = subprocess.Popen([EXE, "status", str(run), "--watch", "--interval", "0.2"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = proc.stdout.readline()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
