@@ -69,6 +69,7 @@ def test_checkpoints_and_export_are_complete(full_run):
     assert results[0]["export_path"] is not None and results[1]["export_path"] is None
 
 
+@pytest.mark.slow  # 2 training jobs of 2 ranks: 1.9-2.6 s alone here, over the fast loop's budget under load
 def test_resume_continues_the_same_run(full_run, tmp_path):
     run_dir, _ = full_run
     resumed = tmp_path / "resumed"
