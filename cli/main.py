@@ -13,7 +13,6 @@ Set EMBODYHPC_DEBUG=1 for full tracebacks.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -215,17 +214,20 @@ def eval_cmd(
     from embodyhpc import submit as submitting
 
     say = (lambda msg: typer.echo(msg, err=True)) if as_json else typer.echo
-    source = evaluate.resolve_source(_run_dir(ckpt, site, runs_root))
-    extra = [f"eval.suite={suite}"] if suite else []
-    weights = source.weights or source.checkpoint  # a checkpoint: the chain exports it first
-    # the weights' config may come from someone else: its site-only keys (python, templates, container) are
-    # dropped, and the site profile given now supplies them
-    loaded = _load(str(source.config_path), [*extra, f"eval.weights={weights}", *(overrides or [])], site,
-                   recipe_site_keys="drop")
-    if source.mlflow_parent:
-        say(f"attaching to MLflow run {source.mlflow_parent} of {source.source_run}")
-    info = submitting.submit(loaded, _python(loaded, local), local=local, progress=say, eval_only=True,
-                             mlflow_parent=source.mlflow_parent)
+    path = _run_dir(ckpt, site, runs_root)
+    with evaluate.source_lock(path, progress=say):  # the training run it reads: no resume or cancel meanwhile
+        source = evaluate.resolve_source(path)
+        extra = [f"eval.suite={suite}"] if suite else []
+        weights = source.weights or source.checkpoint  # a checkpoint: the chain exports it first
+        # the weights' config may come from someone else: its site-only keys (python, templates, container) are
+        # dropped, and the site profile given now supplies them
+        loaded = _load(str(source.config_path), [*extra, f"eval.weights={weights}", *(overrides or [])], site,
+                       recipe_site_keys="drop")
+        evaluate.check_inputs(source, loaded.config)  # side files, suite, overrides: before anything is created
+        if source.mlflow_parent:
+            say(f"attaching to MLflow run {source.mlflow_parent} of {source.source_run}")
+        info = submitting.submit(loaded, _python(loaded, local), local=local, progress=say, eval_only=True,
+                                 mlflow_parent=source.mlflow_parent)
     _print_run(info, as_json)
 
 
@@ -317,7 +319,9 @@ def status(
         except KeyboardInterrupt:
             live.close()
             typer.echo(f"stopped watching; the run goes on (embodyhpc status {run})", err=True)
-            raise typer.Exit(130) from None
+            from embodyhpc.errors import INTERRUPTED_EXIT_CODE
+
+            raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
         typer.echo(status_report(run_dir, as_json=as_json), nl=False)
         raise typer.Exit(code)
     typer.echo(status_report(run_dir, as_json=as_json), nl=False)
@@ -340,8 +344,8 @@ def runs(
 
     from .runs import runs_json, runs_text
 
-    rows, note = list_runs(find_root(site, runs_root), experiment=experiment, state=state)
-    typer.echo(runs_json(rows, note) if as_json else runs_text(rows, note), nl=False)
+    listing = list_runs(find_root(site, runs_root), experiment=experiment, state=state)
+    typer.echo(runs_json(listing) if as_json else runs_text(listing), nl=False)
 
 
 @app.command(short_help="Print (or -f follow) the jobs' stdout and stderr.")
@@ -402,6 +406,12 @@ def export(
         raise UserError(f"unknown format {fmt!r}", key="--format", fix="use --format lerobot")
     if execute_steps < 1:
         raise UserError("must be >= 1", key="--execute-steps")
+    from embodyhpc.submit import check_run_path
+
+    check_run_path(str(source))  # someone else's private run, a name too long, a link loop: one line, exit 2
+    if not source.is_dir():  # answered before torch loads
+        raise UserError("no such export folder", where=str(source), key="SOURCE",
+                        fix="pass RUN_DIR/export or RUN_DIR/exports/step-N")
     from embodyhpc.checkpoint.lerobot_export import export_lerobot
 
     typer.echo(f"wrote LeRobot's pi0.5 layout to {export_lerobot(source, out, execute_steps=execute_steps)}")
@@ -439,31 +449,21 @@ def doctor(
 
 
 def main() -> None:
-    from embodyhpc.errors import RunFailure, UserError
-
+    """The entry point: every exit code is one of embodyhpc.errors' (README, "Exit codes"); cli/exits.py turns known
+    exceptions into one line."""
+    from .exits import run_to_one_line
     from .options import misplaced_override
 
-    try:
+    def run() -> None:
         wrong = misplaced_override(sys.argv[1:])
         if wrong is not None:
+            from embodyhpc.errors import UserError
+
             raise UserError("overrides are key=value, e.g. train.steps=100", where=wrong[0],
                             fix=f"write {wrong[1]}")
         app()
-    except UserError as exc:
-        if os.environ.get("EMBODYHPC_DEBUG"):
-            raise
-        typer.echo(f"error: {exc.one_line()}", err=True)
-        sys.exit(2)
-    except RunFailure as exc:
-        if os.environ.get("EMBODYHPC_DEBUG"):
-            raise
-        typer.echo("error: " + " ".join(str(exc).split()), err=True)  # one line, even for a tool's stderr
-        sys.exit(1)
-    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's convention (128 + SIGINT), no traceback
-        if os.environ.get("EMBODYHPC_DEBUG"):
-            raise
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
+
+    run_to_one_line(run)
 
 
 if __name__ == "__main__":

@@ -34,13 +34,16 @@ def resume_cmd(
 
     run_dir = _run_dir(run, site, runs_root)
     extra = [f"resources.nodes={nodes}"] if nodes is not None else []
-    plan = resuming.plan_resume(run_dir, [*extra, *(overrides or [])], site=site, exclude=exclude)
     if dry_run:
+        plan = resuming.plan_resume(run_dir, [*extra, *(overrides or [])], site=site, exclude=exclude)
         typer.echo(resuming.dry_run(plan, _python(plan.loaded)), nl=False)
         typer.echo("")
         return
     say = (lambda msg: typer.echo(msg, err=True)) if as_json else typer.echo
-    info = resuming.resume(plan, _python(plan.loaded, local), local=local, progress=say)
+    with resuming.lock_run(run_dir, progress=say) as lock:  # a second resume meanwhile: refused, naming this one
+        plan = resuming.plan_resume(run_dir, [*extra, *(overrides or [])], site=site, exclude=exclude, recover=True,
+                                    progress=say)
+        info = resuming.resume(plan, _python(plan.loaded, local), local=local, progress=say, lock=lock)
     if info.backend == "local":
         from .status import local_summary
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from embodyhpc.runstate import RunSummary, TrainProgress
+from embodyhpc.runstate import RunListing, RunSummary, TrainProgress
 
 
 def format_duration(seconds: float) -> str:
@@ -51,18 +51,24 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)
 
 
-def runs_text(rows: list[RunSummary], note: str | None) -> str:
-    lines = [note] if note else []
+def runs_text(listing: RunListing) -> str:
+    rows = listing.rows
+    lines = [listing.note] if listing.note else []
     if not rows:
-        return "\n".join([*lines, "no runs"]) + "\n"
-    header = ("RUN", "STATE", "STEPS", "SUCCESS", "AGE")
-    table = [header] + [(_printable(row.name), _state_cell(row), _steps_cell(row), _printable(row.success or "-"),
-                         format_duration(row.age_s) if row.age_s is not None else "-") for row in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
-    for r in table:
-        lines.append("  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=False)) + "  " + r[-1])
-    damaged = [row for row in rows if row.state == "DAMAGED"]
-    lines += [_printable(f"{row.name}: {row.reason}") for row in damaged]
+        lines.append("no runs")
+    else:
+        header = ("RUN", "STATE", "STEPS", "SUCCESS", "AGE")
+        table = [header] + [(_printable(row.name), _state_cell(row), _steps_cell(row), _printable(row.success or "-"),
+                             format_duration(row.age_s) if row.age_s is not None else "-") for row in rows]
+        widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
+        for r in table:
+            lines.append("  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=False)) + "  " + r[-1])
+        lines += [_printable(f"{row.name}: {row.reason}") for row in rows if row.state == "DAMAGED"]
+    if listing.unreadable:
+        count = len(listing.unreadable)
+        lines.append(_printable(f"not listed: {count} folder{'s' if count > 1 else ''} you cannot read (other "
+                                f"users' private runs; owner{'s' if len(listing.owners) > 1 else ''} "
+                                f"{', '.join(listing.owners)})"))
     return "\n".join(lines) + "\n"
 
 
@@ -76,5 +82,6 @@ def _steps_cell(row: RunSummary) -> str:
     return f"{row.step}/{row.total_steps}" if row.total_steps else str(row.step)
 
 
-def runs_json(rows: list[RunSummary], note: str | None) -> str:
-    return json.dumps({"note": note, "runs": [dataclasses.asdict(row) for row in rows]}, indent=2) + "\n"
+def runs_json(listing: RunListing) -> str:
+    return json.dumps({"note": listing.note, "runs": [dataclasses.asdict(row) for row in listing.rows],
+                       "unreadable": listing.unreadable}, indent=2) + "\n"

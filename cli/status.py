@@ -170,7 +170,7 @@ def watch(run_dir: Path, *, interval_s: float, live) -> int:
     and the report (if any) says complete, 1 otherwise. Ctrl-C is the caller's (the run goes on)."""
     import time
 
-    from embodyhpc.errors import SlurmError
+    from embodyhpc.errors import FAILURE_EXIT_CODE, SUCCESS_EXIT_CODE, SlurmError
     from embodyhpc.runstate import chain_states, run_state, train_progress
 
     from .runs import progress_text
@@ -195,5 +195,6 @@ def watch(run_dir: Path, *, interval_s: float, live) -> int:
         if finished:
             live.close()
             outcome = (read_report(Path(info.run_dir)) or {}).get("outcome", "complete")
-            return 0 if state == "COMPLETED" and outcome == "complete" else 1  # as `submit --local` would exit
+            completed = state == "COMPLETED" and outcome == "complete"
+            return SUCCESS_EXIT_CODE if completed else FAILURE_EXIT_CODE  # as `submit --local` would exit
         time.sleep(interval_s)

@@ -10,20 +10,31 @@ PATH may be
 The recipe is the one the weights were trained with (config.yaml / resolved.yaml), then `key=value` overrides
 and --suite; eval.weights points at the weights. When the weights belong to a run with an MLflow run in its
 run.json, the report logs its child run there, next to the run's own evaluations.
+
+Before anything is created (`check_inputs`, after the recipe is loaded), everything this machine can check is:
+the export's weights, config and side files against export.json's hashes (checkpoint/integrity.py); the side files'
+contents against the weights' recipe and the evaluation's suite (eval/policy_files.py); eval.weights naming what
+--ckpt names; no model.* override (the shards build the model from the weights' own recipe, so one would be ignored).
+A mistake is one line naming the file or key and the fix (exit 2), and no run folder exists.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 from embodyhpc.checkpoint import layout
 from embodyhpc.checkpoint.integrity import CONFIG_FILE, DCP_METADATA, EXPORT_JSON, WEIGHTS_FILE, verify_export
-from embodyhpc.config.schema import EvalConfig
+from embodyhpc.config.schema import Config, EvalConfig
 from embodyhpc.errors import UserError
 from embodyhpc.rundir import CHECKPOINTS_DIR, EXPORT_DIR, EXPORTS_DIR, RESOLVED_YAML, RUN_JSON, RunInfo
 
 EXPORT_FILES = (EXPORT_JSON, CONFIG_FILE, WEIGHTS_FILE)
+SIDE_FILE_DIRS = (CHECKPOINTS_DIR, EXPORT_DIR)
+"""Where a training run keeps the side files of its checkpoints (eval/policy_files.py): the first found wins (runs
+from before they were written next to the checkpoints have them in export/ only)."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +55,15 @@ def resolve_source(path: Path) -> EvalSource:
         raise UserError("does not exist", key="--ckpt", where=str(path),
                         fix="pass an export folder, a checkpoints/step-N folder or a run directory")
     if (path / RUN_JSON).is_file():  # a run directory: its export
+        if not (path / EXPORT_DIR).exists():
+            raise UserError(f"the run has no {EXPORT_DIR}/ (training has not finished, or did not export)",
+                            key="--ckpt", where=str(path), fix=_checkpoint_hint(path))
         return resolve_source(path / EXPORT_DIR)
-    if all((path / name).is_file() for name in EXPORT_FILES):
-        verify_export(path)  # size, header and sha256 against export.json: one line (exit 2) when they differ
+    if any((path / name).is_file() for name in EXPORT_FILES):  # an export, whole or not: verify says what is wrong
+        verify_export(path)  # weights, config and side files against export.json: one line (exit 2) when they differ
+        if not (path / CONFIG_FILE).is_file():  # an export.json from before config.yaml was hashed
+            raise UserError(f"{CONFIG_FILE} is missing: the recipe the weights were trained with", key="--ckpt",
+                            where=str(path), fix="export the checkpoint again")
         run = path.parent if (path.parent / RUN_JSON).is_file() else None
         return EvalSource(path / CONFIG_FILE, path, None, run, _mlflow_run(run))
     if layout.is_complete(path):
@@ -66,6 +83,72 @@ def resolve_source(path: Path) -> EvalSource:
                         where=str(path), fix="evaluate the previous step-N folder or the run's export/")
     raise UserError("neither an export folder, a checkpoint step-N folder nor a run directory", key="--ckpt",
                     where=str(path), fix="pass e.g. RUN_DIR/export or RUN_DIR/checkpoints/step-1000")
+
+
+def _checkpoint_hint(run: Path) -> str:
+    newest = layout.list_steps(run / CHECKPOINTS_DIR).newest_complete
+    if newest is None:
+        return "wait for training to save a checkpoint, then pass RUN/checkpoints/step-N"
+    return f"evaluate its newest complete checkpoint: --ckpt {layout.step_dir(run / CHECKPOINTS_DIR, newest)}"
+
+
+def check_inputs(source: EvalSource, config: Config) -> None:
+    """Everything about an evaluation of `source` with `config` (the loaded recipe: the weights' own, overrides and
+    --suite applied) that this machine can check before anything is created (module doc); UserError otherwise."""
+    from dataclasses import fields
+
+    from embodyhpc.config.load import load_config_file
+    from embodyhpc.eval.policy_files import check_policy_files, check_suite, find_side_files
+
+    weights = source.weights or source.checkpoint
+    named = config.eval.weights
+    if not named or _resolved(named) != weights:
+        raise UserError(f"names {named or 'nothing'}, and --ckpt names {weights}: the evaluation reads what --ckpt "
+                        "names", key="eval.weights", fix="drop the eval.weights override (pass the weights as --ckpt)")
+    trained = load_config_file(source.config_path).model
+    changed = [f.name for f in fields(trained) if getattr(trained, f.name) != getattr(config.model, f.name)]
+    if changed:
+        key = changed[0]
+        raise UserError(f"{getattr(config.model, key)!r} here, {getattr(trained, key)!r} in the weights' recipe "
+                        f"{source.config_path}: the evaluation builds the model the weights were trained as",
+                        key=f"model.{key}", fix=f"drop the model.{key} override")
+    folders = [weights] if source.weights else [source.source_run / name for name in SIDE_FILE_DIRS]
+    policy = check_policy_files(find_side_files(folders), trained, where=str(folders[0]))
+    check_suite(policy, trained, config.eval, where=str(folders[0]))
+
+
+def _resolved(path: str) -> Path | None:
+    try:
+        return Path(path).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):  # a link loop, a NUL byte: not the folder --ckpt names
+        return None
+
+
+def source_lock(path: Path, progress: Callable[[str], None] = print) -> AbstractContextManager:
+    """`with source_lock(PATH):` around `eval --ckpt PATH`: the shared lock (embodyhpc.runlock) of the training run
+    PATH lies in (the run folder, its export/, one of its checkpoints/step-N), held while the evaluation reads the
+    run, pins the checkpoint and submits its chain (a chain run here: until it ends; its export job writes the
+    run's exports/step-N). Evaluations go on side by side, and beside a chain running here; a resume or cancel of
+    that run meanwhile is refused, and the other way round. Weights outside any run: nothing to lock."""
+    from contextlib import nullcontext
+
+    from embodyhpc.runlock import run_lock
+
+    run = _run_of(Path(path))
+    return nullcontext() if run is None else run_lock(run, "embodyhpc eval", shared=True, progress=progress)
+
+
+def _run_of(path: Path) -> Path | None:
+    import os
+
+    try:
+        path = path.expanduser().resolve()
+    except (OSError, RuntimeError):  # a symlink loop: resolve_source says so
+        return None
+    candidates = [path, path.parent]
+    if path.parent.name == CHECKPOINTS_DIR:
+        candidates.append(path.parent.parent)
+    return next((run for run in candidates if os.path.isfile(run / RUN_JSON)), None)
 
 
 def _mlflow_run(run: Path | None) -> str | None:

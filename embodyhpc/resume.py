@@ -6,7 +6,9 @@ it finished and should train longer. Resume starts a new *attempt* of the same r
 - the newest complete checkpoint is the starting point; checkpoints reshard on load, so the attempt may run on
   another number of nodes or ranks, and the sampler deals the rest of the same sample order to the new ranks;
 - run.json records the attempt (its overrides, the step it started from, its jobs; schema_version 3), and what the
-  previous attempt left that the new one would overwrite moves to attempts/N (rundir.ATTEMPT_OUTPUTS);
+  previous attempt left that the new one would overwrite moves to attempts/N (rundir.ATTEMPT_OUTPUTS) in one
+  rename, a resume that dies half-way being finished or undone by the next (embodyhpc.attempts); an existing
+  attempts/N is never overwritten (run.json restored from a backup: refused, naming it);
 - resolved.yaml is rewritten with the new values (the old one is kept under attempts/N);
 - the same MLflow run is reopened and goes on (one curve); logs/metrics.jsonl is cut back to the checkpoint's step
   by its writer, so each step is there once;
@@ -22,6 +24,24 @@ train.steps may be raised to train on. The learning-rate schedule is a function 
 (embodyhpc.train.schedule): it is *stretched*, i.e. steps after the resume follow the warm-up + cosine a run
 planned for the new train.steps from the start would have followed. The rate therefore jumps up at the resume step
 (the cosine at K/new is above the cosine at K/old): plan train.steps ahead when that matters.
+
+One command at a time: `resume` holds the run's lock (embodyhpc.runlock) from reading run.json until its chain is
+submitted (a chain run here: until it ends); a second resume, a cancel or an evaluation of the run started
+meanwhile is refused on one line naming the holder. `--dry-run` changes nothing and takes no lock.
+
+What a resume trusts, and what it checks (decisions where a run folder was changed by hand):
+- the checkpoint: its step is the one its marker and trainer.json record, and a folder whose name says another is
+  refused (embodyhpc.checkpoint.layout.checkpoint_step); a complete checkpoint under a name that is no step folder
+  (`step-0004`) is refused with its true name rather than passed over;
+- a step folder that is a symbolic link leading out of checkpoints/ is refused: the job would train on from another
+  run's folder, and retention and pins would act there (copy it in with `cp -rL`, or resume the run it belongs
+  to). checkpoints/ itself may be a link (to scratch storage);
+- resolved.yaml: the model it describes must fit the checkpoint (names, shapes and kinds of the model's tensors
+  against the DCP metadata, embodyhpc.checkpoint.export.check_fits): a hand-edited model section is refused naming
+  resolved.yaml. Other hand edits cannot be checked against the checkpoint and become the run's values;
+- site keys: with --site, the keys only a site profile may set (site.python, templates, container, modules,
+  secrets, code-loading environment variables) are dropped from resolved.yaml and taken from the profile given, as
+  `eval --ckpt` does for a config it did not write; without --site the run keeps its own.
 """
 
 from __future__ import annotations
@@ -36,21 +56,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from embodyhpc import attempts
 from embodyhpc.config.load import LoadedRecipe, load_config_file, load_unresolved, resolve_located
 from embodyhpc.config.schema import Config
-from embodyhpc.errors import ConfigError, RunDirError, UserError
+from embodyhpc.errors import ConfigError, RunDirError, RunFailure, UserError
 from embodyhpc.rundir import (
-    ATTEMPT_OUTPUTS,
     CHECKPOINTS_DIR,
     RESOLVED_YAML,
     RUN_JSON,
     RUN_JSON_VERSION,
     SPINE_STATE_FILE,
     RunInfo,
-    attempt_dir,
     script_file,
+    step_name,
     write_private,
 )
+from embodyhpc.runlock import RunLock, run_lock
 
 Progress = Callable[[str], None]
 
@@ -102,9 +123,20 @@ def refused_key(key: str, where: str) -> ConfigError:
                            "resources, parallelism, micro-batch size, train.steps, site and staging")
 
 
+def lock_run(run_dir: Path, progress: Progress = print) -> RunLock:
+    """The run's lock for `with lock_run(run): plan_resume(..., recover=True); resume(...)` (embodyhpc.runlock).
+    A folder that is no run is refused first (its one line), so that no lock file is made in it."""
+    info = RunInfo.load(run_dir)
+    return run_lock(info.run_dir, "embodyhpc resume", progress=progress)
+
+
 def plan_resume(run_dir: Path, overrides: list[str], *, site: str | None = None, exclude: str | None = None,
-                check_jobs: bool = True) -> ResumePlan:
-    """Check that `run_dir` may resume with these overrides; raise a one-line UserError when not."""
+                check_jobs: bool = True, recover: bool = False, progress: Progress = print) -> ResumePlan:
+    """Check that `run_dir` may resume with these overrides; raise a one-line UserError when not.
+
+    recover: finish or undo what a resume that died half-way left (embodyhpc.attempts.recover, saying so through
+    `progress`) first; only under the run's lock (lock_run). Without it such leftovers are refused (a dry run
+    changes nothing)."""
     info = RunInfo.load(run_dir)  # unknown folder, no run.json, damaged run.json: one line each
     run = Path(info.run_dir)
     if info.schema_version > RUN_JSON_VERSION:
@@ -121,6 +153,14 @@ def plan_resume(run_dir: Path, overrides: list[str], *, site: str | None = None,
     warnings: list[str] = []
     if check_jobs:
         warnings += _check_nothing_runs(info)
+    left = attempts.pending(run)
+    if left and not recover:
+        raise RunDirError("a resume stopped half-way and left this staging folder", where=str(left[0]),
+                          fix=f"`embodyhpc resume {shlex.quote(str(run))}` without --dry-run finishes or undoes it "
+                              "first")
+    if left:
+        attempts.recover(run, info.attempt, progress)
+    attempts.check_free(run, info.attempt)
     old = load_config_file(run / RESOLVED_YAML)
     from_step = newest_checkpoint_step(run, old)
     if from_step is None:
@@ -135,9 +175,10 @@ def plan_resume(run_dir: Path, overrides: list[str], *, site: str | None = None,
         if not resumable(key):
             where = _provenance(key, provenance)
             raise refused_key(key, where)
-    _check_steps(config, old, from_step, provenance)
+    _check_steps(config, old, from_step, provenance, run)
     _check_batch(config, provenance)
     resolved = resolve_located(config, provenance)
+    _check_model(run, from_step, config)
     loaded = LoadedRecipe(config=config, resolved=resolved, recipe=info.recipe, site=site_name or info.site,
                           overrides=tuple(all_overrides), provenance=provenance)
     return ResumePlan(info, loaded, from_step, all_overrides, changed, warnings)
@@ -145,12 +186,31 @@ def plan_resume(run_dir: Path, overrides: list[str], *, site: str | None = None,
 
 def newest_checkpoint_step(run: Path, config: Config) -> int | None:
     """The step of the newest complete checkpoint (the policy trainer's DCP folders; the synthetic stand-in's state
-    file), or None."""
-    from embodyhpc.checkpoint.layout import list_steps
+    file), or None. The step is the one the checkpoint records (layout.checkpoint_step); a complete checkpoint
+    under a near-miss name and a step folder linking out of checkpoints/ are refused (module docstring)."""
+    from embodyhpc.checkpoint import layout
 
-    step = list_steps(run / CHECKPOINTS_DIR).newest_complete
-    if step is not None or config.data.format != "synthetic":
-        return step
+    root = run / CHECKPOINTS_DIR
+    listing = layout.list_steps(root)
+    for name in listing.misnamed:
+        if layout.is_complete(root / name):
+            raise RunDirError(f"a complete checkpoint under a name that is no step folder: "
+                              f"{layout.misnamed_step(name)}", where=str(root / name),
+                              fix="rename it as embodyhpc names step folders (step-N), or move it out of "
+                                  f"{CHECKPOINTS_DIR}/")
+    step = listing.newest_complete
+    if step is not None:
+        folder = layout.step_dir(root, step)
+        target = folder.resolve()
+        if folder.is_symlink() and not target.is_relative_to(root.resolve()):
+            raise RunDirError(f"a symbolic link to {target}, outside the run's {CHECKPOINTS_DIR}/: a resume trains "
+                              "on from the run's own checkpoints only (retention and pins would act on the other "
+                              "folder)", where=str(folder),
+                              fix=f"copy it in (rm {folder}; cp -rL {target} {folder}), or resume the run it "
+                                  "belongs to")
+        return layout.checkpoint_step(folder)
+    if config.data.format != "synthetic":
+        return None
     spine = run / SPINE_STATE_FILE
     if not spine.is_file():
         return None
@@ -164,11 +224,13 @@ def newest_checkpoint_step(run: Path, config: Config) -> int | None:
 
 
 def _load(run: Path, overrides: list[str], site: str | None) -> tuple[Config, dict[str, str], str, str | None]:
-    """The previous attempt's resolved.yaml (site keys kept), the site profile given now (none: $EMBODYHPC_SITE is
-    not applied either, the run keeps its own site values), then the overrides."""
+    """The previous attempt's resolved.yaml, the site profile given now, then the overrides. With a profile, the
+    keys only a site profile may set are dropped from resolved.yaml and the profile's (or their defaults) apply, as
+    `eval --ckpt` does; without one ($EMBODYHPC_SITE is not applied either) the run keeps its own site values."""
     saved = os.environ.pop(_SITE_ENV, None) if site is None else None
     try:
-        return load_unresolved(str(run / RESOLVED_YAML), overrides, site, recipe_site_keys="keep")
+        return load_unresolved(str(run / RESOLVED_YAML), overrides, site,
+                               recipe_site_keys="keep" if site is None else "drop")
     finally:
         if saved is not None:
             os.environ[_SITE_ENV] = saved
@@ -197,9 +259,15 @@ def _changed(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
             if before.get(key) != after.get(key)}
 
 
-def _check_steps(new: Config, old: Config, from_step: int, provenance: dict[str, str]) -> None:
+def _check_steps(new: Config, old: Config, from_step: int, provenance: dict[str, str], run: Path) -> None:
     steps = new.train.steps
     where = _provenance("train.steps", provenance)
+    if from_step > old.train.steps and steps <= from_step:
+        raise ConfigError(f"the newest checkpoint holds step {from_step}, past the train.steps={old.train.steps} "
+                          "resolved.yaml says this run trains to (a resolved.yaml older than the checkpoints, or "
+                          "another run's checkpoint copied in)", where=str(run / RESOLVED_YAML), key="train.steps",
+                          fix=f"pass train.steps={from_step + 1} or more to train on from it, or move "
+                              f"{run / CHECKPOINTS_DIR / step_name(from_step)} out of {CHECKPOINTS_DIR}/")
     if from_step >= steps and steps == old.train.steps:
         raise ConfigError(f"already trained to train.steps={steps}; pass train.steps=M to continue (M > {steps}, "
                           f"e.g. train.steps={2 * steps})", where=where, key="train.steps",
@@ -210,6 +278,33 @@ def _check_steps(new: Config, old: Config, from_step: int, provenance: dict[str,
     if steps == from_step:
         raise ConfigError(f"train.steps={steps} is the step the newest checkpoint holds: nothing to train",
                           where=where, key="train.steps", fix=f"pass train.steps={from_step + 1} or more")
+
+
+def _check_model(run: Path, step: int, config: Config) -> None:
+    """The model resolved.yaml describes must fit the checkpoint it trains on from (a hand-edited model section
+    would fail in the job, after the queue): names, shapes and kinds of the model's tensors against the DCP
+    metadata. The synthetic stand-in's state file holds no model of ours: nothing to compare."""
+    from embodyhpc.checkpoint import layout
+
+    folder = layout.step_dir(run / CHECKPOINTS_DIR, step)
+    if not folder.is_dir():
+        return
+    from embodyhpc.checkpoint.errors import NotACheckpointError
+    from embodyhpc.checkpoint.export import check_fits, model_entries
+
+    try:
+        entries = model_entries(folder)
+    except NotACheckpointError as exc:
+        raise RunDirError(f"the checkpoint to resume from is damaged: {exc.message}", where=str(folder),
+                          fix=f"move it out of {CHECKPOINTS_DIR}/ to resume from the one before") from None
+    where = str(run / RESOLVED_YAML)
+    try:
+        check_fits(entries, config.model, where=where, built_with=RESOLVED_YAML)
+    except NotACheckpointError as exc:
+        raise ConfigError(f"the model does not fit the checkpoint of step {step}: {exc.message}", where=where,
+                          key="model", fix="put back the model section the run was trained with (attempts/N/"
+                                           f"{RESOLVED_YAML} keeps each earlier attempt's); another model is a "
+                                           "new run (`embodyhpc submit`)") from None
 
 
 def _check_batch(new: Config, provenance: dict[str, str]) -> None:
@@ -301,45 +396,51 @@ def _local_alive(pids: list[str | None]) -> bool:
 
 
 # ---- doing it ----
-def resume(plan: ResumePlan, python: str, *, local: bool = False, progress: Progress = print) -> RunInfo:
-    """Start the new attempt: archive what the last one left, rewrite resolved.yaml and run.json, reopen the MLflow
-    run, and submit the chain (Slurm when reachable, else locally)."""
+def resume(plan: ResumePlan, python: str, *, local: bool = False, progress: Progress = print,
+           lock: RunLock | None = None) -> RunInfo:
+    """Start the new attempt: archive what the last one left (embodyhpc.attempts: staged, then one rename), rewrite
+    resolved.yaml and run.json, reopen the MLflow run, and submit the chain (Slurm when reachable, else locally).
+    `lock` (lock_run, held since the plan was made) turns shared while a chain runs here: evaluations of the run
+    may go on beside it, another resume may not."""
     from embodyhpc.orchestrate.api import run_chain
     from embodyhpc.submit import prepare_launch
 
     loaded, backend = prepare_launch(plan.loaded, python, local=local, progress=progress, warnings=plan.warnings)
     info = plan.info
     run = Path(info.run_dir)
-    archived = archive_attempt(run, info.attempt)
-    write_private(run / RESOLVED_YAML, loaded.to_yaml())
-    info.start_attempt(backend=backend, site=loaded.site, python=python, overrides=list(plan.overrides),
-                       resumed_from_step=plan.from_step, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    info.save()
+    number = info.attempt
+    nothing_changed = f"{run}: nothing changed (attempt {number}'s outputs and resolved.yaml are in place)"
+    try:
+        staging = attempts.stage(run, number)
+    except OSError as exc:
+        raise RunFailure(f"{nothing_changed}: archiving them failed ({_os_error(exc)})") from exc
+    try:
+        write_private(run / RESOLVED_YAML, loaded.to_yaml())
+        info.start_attempt(backend=backend, site=loaded.site, python=python, overrides=list(plan.overrides),
+                           resumed_from_step=plan.from_step, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        info.save()  # the commit: from here on the run is at attempt number + 1
+    except BaseException as exc:
+        attempts.put_back(run, staging)
+        if isinstance(exc, OSError):
+            raise RunFailure(f"{nothing_changed}: recording attempt {number + 1} failed ({_os_error(exc)})") from exc
+        raise
+    try:
+        moved = f"attempt {number}'s outputs moved to {attempts.commit(run, number, staging)}"
+    except (OSError, RunDirError) as exc:  # they are safe where they are; the next resume finishes the move
+        moved = f"warning: attempt {number}'s outputs stay in {staging} for now ({_os_error(exc)})"
+    script_file(run, "train").parent.mkdir(mode=0o700, exist_ok=True)
     progress(f"attempt {info.attempt} of {run}: from the checkpoint of step {plan.from_step} to "
-             f"train.steps={loaded.config.train.steps} on {loaded.resolved.world_size} rank(s)"
-             + (f"; attempt {info.attempt - 1}'s outputs moved to {archived}" if archived else ""))
+             f"train.steps={loaded.config.train.steps} on {loaded.resolved.world_size} rank(s); {moved}")
     _reopen_mlflow(loaded, info, progress)
+    if lock is not None and info.backend == "local":
+        lock.share()
     return run_chain(loaded, info, progress=progress)
 
 
-def archive_attempt(run: Path, number: int) -> Path | None:
-    """Move what attempt `number` left that the next one would overwrite to attempts/<number>/ (same relative
-    paths); the run's folders the jobs expect stay. None when there was nothing to move."""
-    target = attempt_dir(run, number)
-    moved = False
-    for name in ATTEMPT_OUTPUTS:
-        source = run / name
-        if not (source.exists() or source.is_symlink()):
-            continue
-        if name == RESOLVED_YAML:  # the jobs of the new attempt read the rewritten one; keep a copy
-            (target).mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_private(target / name, source.read_text())
-        else:
-            (target / name).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            source.rename(target / name)
-        moved = True
-    script_file(run, "train").parent.mkdir(mode=0o700, exist_ok=True)
-    return target if moved else None
+def _os_error(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+    return exc.one_line() if isinstance(exc, UserError) else str(exc)
 
 
 def _reopen_mlflow(loaded: LoadedRecipe, info: RunInfo, progress: Progress) -> None:

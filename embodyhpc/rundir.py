@@ -16,7 +16,9 @@
         smoke-request.json, smoke.json      `embodyhpc smoke --submit`: what was asked, what the job measured
         attempts/N/         what attempt N (1: the submit) left behind when `embodyhpc resume` started attempt N+1:
                             its resolved.yaml, scripts/, export/ and evaluation results (eval/shards, videos,
-                            report.*); run.json keeps its jobs under `attempts`
+                            report.*); run.json keeps its jobs under `attempts`. attempts/.N.staging-<hex>: what a
+                            resume gathers before one rename makes it attempts/N (embodyhpc.attempts)
+        .embodyhpc.lock     the lock commands that change the run take, naming its holder (embodyhpc.runlock)
 
 This module is the only one that spells a name in that tree; everything else asks for it here. Every JSON file of
 a run is written through `write_json_atomic`.
@@ -34,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embodyhpc.errors import RunDirError
+from embodyhpc.errors import RunDirError, RunFailure, UnreadableRunError
 from embodyhpc.slurm.commands import JOB_ID  # local backend: process ids, digits too
 
 RUN_JSON = "run.json"
@@ -74,7 +76,9 @@ FLIGHT_RECORDER_DIR = f"{LOGS_DIR}/flight-recorder"
 FLIGHT_RECORDER_FILE_PREFIX = "rank_"  # torch appends the rank: rank_0, rank_1 ... (what torchfrtrace reads)
 
 STEP_PREFIX = "step-"
-_STEP_RE = re.compile(rf"^{STEP_PREFIX}(\d+)$")
+_STEP_RE = re.compile(rf"{STEP_PREFIX}(0|[1-9][0-9]*)", re.ASCII)  # the one spelling step_name writes
+MAX_STEP = (1 << 63) - 1
+"""The largest step a checkpoint may hold: ranks agree on steps as int64 tensors (torch.distributed)."""
 
 
 def step_name(step: int) -> str:
@@ -83,9 +87,15 @@ def step_name(step: int) -> str:
 
 
 def parse_step(name: str) -> int | None:
-    """The step of a `step-N` folder name; None for anything else."""
-    match = _STEP_RE.match(name)
-    return int(match.group(1)) if match else None
+    """The step of a `step-N` folder name exactly as step_name writes it; None for anything else: `step-0004`,
+    `step-+4`, `step-4 ` or `step-4\\n`, digits other than ASCII's, a step past MAX_STEP. The planner (`resume`,
+    `eval --ckpt`) and the loader (the training job) read folder names through this one function, so whatever one
+    accepts the other finds under the same name (embodyhpc.checkpoint.layout says why a near miss is not a step)."""
+    match = _STEP_RE.fullmatch(name)
+    if not match or len(match.group(1)) > 19:
+        return None
+    step = int(match.group(1))
+    return step if step <= MAX_STEP else None
 
 
 def script_file(run_dir: Path, kind: str) -> Path:
@@ -116,9 +126,11 @@ def eval_run_dir(run: Path, step: int) -> Path:
 def requested_evals(run: Path) -> list[Path]:
     """The evaluation run directories under <run>/evals/ that are ready (run.json written), by step."""
     root = Path(run) / EVALS_DIR
-    if not root.is_dir():
+    try:
+        names = os.listdir(root)
+    except OSError:  # none yet, or a folder this user cannot read: no evaluation to show (os.path never raises)
         return []
-    found = [(parse_step(p.name), p) for p in root.iterdir() if (p / RUN_JSON).is_file()]
+    found = [(parse_step(name), root / name) for name in names if os.path.isfile(root / name / RUN_JSON)]
     return [path for step, path in sorted((s, p) for s, p in found if s is not None)]
 
 
@@ -126,6 +138,29 @@ def attempt_dir(run: Path, number: int) -> Path:
     """Where attempt `number`'s resolved config, scripts, export and evaluation results go when a resume starts the
     next attempt (embodyhpc.resume)."""
     return Path(run) / ATTEMPTS_DIR / str(number)
+
+
+_STAGING_RE = re.compile(r"\.([1-9][0-9]{0,8})\.staging-[0-9a-f]{8,32}", re.ASCII)
+
+
+def attempt_staging_dir(run: Path, number: int, token: str) -> Path:
+    """Where a resume gathers attempt `number`'s outputs before one rename makes them attempts/<number>: a hidden
+    folder beside it (same filesystem, so the rename is atomic); `token` is hex."""
+    return Path(run) / ATTEMPTS_DIR / f".{number}.staging-{token}"
+
+
+def staged_attempts(run: Path) -> list[tuple[int, Path]]:
+    """(attempt number, folder) of every staging folder a resume left (one that crashed mid-way), by number."""
+    try:
+        names = os.listdir(Path(run) / ATTEMPTS_DIR)
+    except OSError:
+        return []
+    found = [(_STAGING_RE.fullmatch(name), name) for name in names]
+    return sorted((int(m.group(1)), Path(run) / ATTEMPTS_DIR / name) for m, name in found if m)
+
+
+LOCK_FILE = ".embodyhpc.lock"
+"""The file commands that change a run folder lock (embodyhpc.runlock); it also names who holds it."""
 
 
 ATTEMPT_OUTPUTS = (RESOLVED_YAML, SCRIPTS_DIR, EXPORT_DIR, SHARDS_DIR, VIDEOS_DIR, REPORT_FILE, SUMMARY_FILE,
@@ -145,7 +180,74 @@ def flight_recorder_prefix(run_dir: Path, job_id: str) -> Path:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (Path(path) / RUN_JSON).is_file()
+    return os.path.isfile(Path(path) / RUN_JSON)  # never raises: someone else's folder is simply not one of ours
+
+
+# ---- paths this user may not read: a shared runs root holds other users' private (0700) run folders ----
+def shown(text: str, limit: int = 120) -> str:
+    """A path or name as an error line shows it: bytes that are not UTF-8 as \\xNN, control characters escaped,
+    and a long one cut (with its length)."""
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def owner_note(path: Path) -> str:
+    """` (FOLDER belongs to alice, mode 0700)` for the deepest part of `path` this user can see: what stands in the
+    way of reading or writing there. Empty when nothing of it can be seen."""
+    import stat
+
+    for part in (path, *path.parents):
+        try:
+            st = part.stat()
+        except OSError:
+            continue
+        owner = "you" if st.st_uid == os.geteuid() else user_name(st.st_uid)
+        return f" ({shown(str(part))} belongs to {owner}, mode {stat.S_IMODE(st.st_mode):04o})"
+    return ""
+
+
+def user_name(uid: int) -> str:
+    """The login name of `uid`; `uid N` for one the password database does not know (a container, LDAP down)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def unreadable_error(path: Path, exc: OSError, *, where: str, what: str = "this run") -> RunDirError:
+    """The one line for a run path the filesystem refused (exc): permission denied (someone else's private run: an
+    UnreadableRunError), a name longer than the filesystem allows, a symbolic link loop, ..."""
+    import errno
+
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return UnreadableRunError(f"cannot read {what}: {exc.strerror or 'Permission denied'}{owner_note(path)}",
+                                  where=shown(where),
+                                  fix="run folders are private to whoever submitted them: ask the owner, or pass "
+                                      "a run of yours (`embodyhpc runs` lists them)")
+    fix = "pass the folder `embodyhpc submit` printed, or the run's name as `embodyhpc runs` lists it"
+    if exc.errno == errno.ENAMETOOLONG:
+        return RunDirError("no such run: the path is longer than the filesystem allows (255 bytes a name)",
+                           where=shown(where), fix=fix)
+    if exc.errno == errno.ELOOP:
+        return RunDirError("no such run: the path is a loop of symbolic links", where=shown(where), fix=fix)
+    return RunDirError(f"cannot read the run folder: {exc.strerror or exc}", where=shown(where),
+                       fix="check that its filesystem is mounted")
+
+
+def check_readable(path: Path, *, where: str) -> None:
+    """Raise unreadable_error's one line when `path` is a folder this user cannot list, or a path the filesystem
+    refuses (a symbolic link loop, a name too long); a path that is not there, or a file, passes (the command says
+    what is wrong with it)."""
+    try:
+        with os.scandir(path):
+            pass
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:
+        raise unreadable_error(Path(path), exc, where=where) from None
 
 
 @dataclass
@@ -241,9 +343,13 @@ class RunInfo:
         Keys this version does not know are ignored (a newer embodyhpc may have written them)."""
         folder = Path(run_dir).expanduser().absolute()
         path = folder / RUN_JSON
-        if not folder.is_dir() or not (path.exists() or path.is_symlink()):
-            raise RunDirError("not an embodyhpc run directory (no run.json)", where=str(run_dir),
-                              fix="pass the folder `embodyhpc submit` printed")
+        try:
+            path.lstat()  # not exists(): that raises for a folder of someone else's (EACCES) or a name too long
+        except (FileNotFoundError, NotADirectoryError):
+            raise RunDirError("not an embodyhpc run directory (no run.json)", where=shown(str(run_dir)),
+                              fix="pass the folder `embodyhpc submit` printed") from None
+        except OSError as exc:
+            raise unreadable_error(folder, exc, where=str(run_dir)) from None
         data = _read_run_json(path)
         fields = _fields({k: v for k, v in data.items() if k != "jobs"}, _RUN_FIELDS, path, "")
         records = _checked(data, "jobs", dict, path)
@@ -261,6 +367,11 @@ class RunInfo:
             found = _fields({k: v for k, v in item.items() if k != "jobs"}, _ATTEMPT_FIELDS, path, where)
             attempts.append(Attempt(**found, jobs=_job_records(item.get("jobs", {}), path, f"{where}.jobs")))
         info = cls(**{"schema_version": 1, **fields, "run_dir": str(folder)}, jobs=jobs, attempts=attempts)
+        numbers = [attempt.number for attempt in attempts]
+        if numbers != list(range(1, len(attempts) + 1)) or info.attempt != len(attempts) + 1:
+            raise _damaged(path, f"attempt {info.attempt} after earlier attempts numbered "
+                                 f"{numbers[:10] or 'none'}: each resume records the one before it (1, 2, ...)",
+                           key="attempt")
         if info.parent_run is not None and folder.parent.name == EVALS_DIR:
             info.parent_run = str(folder.parent.parent)
         return info
@@ -315,6 +426,8 @@ def _read_run_json(path: Path) -> dict:
     try:
         with path.open("rb") as f:
             raw = f.read(MAX_RUN_JSON_BYTES + 1)
+    except PermissionError as exc:
+        raise unreadable_error(path, exc, where=str(path), what=RUN_JSON) from None
     except OSError as exc:
         raise RunDirError(f"cannot read run.json: {exc.strerror or exc}", where=str(path),
                           fix="check the file's permissions and that its filesystem is mounted") from exc
@@ -373,6 +486,9 @@ def _fields(data: Any, spec: dict[str, tuple[tuple[type, ...], bool]], path: Pat
 
 
 def _check_value(key: str, value: Any, path: Path, name: str) -> None:
+    if key in ("schema_version", "attempt", "number") and isinstance(value, int) and value < 1:
+        raise _damaged(path, f"{value}, but {'versions' if key == 'schema_version' else 'attempts'} count from 1",
+                       key=name)
     if key == "backend" and value not in ("slurm", "local"):
         raise _damaged(path, "neither slurm nor local", key=name)
     if isinstance(value, int) and not 0 <= value < (1 << 31) and not (key == "exit_code" and -256 < value < 0):
@@ -393,8 +509,12 @@ def _check_value(key: str, value: Any, path: Path, name: str) -> None:
 def read_report(run_dir: Path) -> dict | None:
     """report.json, or None before the report job ran; a damaged one reads as outcome "unreadable"."""
     path = Path(run_dir) / REPORT_FILE
-    if not (path.exists() or path.is_symlink()):
+    try:
+        path.lstat()
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as exc:  # an eval/ folder this user cannot read
+        return {"outcome": "unreadable", "why": f"{path}: {exc.strerror or exc}"}
     try:
         if not path.is_file():
             raise ValueError("not a regular file")
@@ -440,9 +560,19 @@ def _fsync(path: Path, flags: int) -> None:
 
 def read_policy_io(folder: Path) -> dict[str, Any]:
     """What the training job recorded next to the weights (POLICY_IO_FILE: the dataset's cameras, image size, state
-    key, real action dims, fps); {} when there is none."""
+    key, real action dims, fps); {} when there is none; a file that is not a JSON object is a one-line RunDirError
+    (its fields are checked by their readers: embodyhpc.eval.policy_files)."""
     path = Path(folder) / POLICY_IO_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not os.path.lexists(path):
+        return {}
+    fix = "export the checkpoint again (it copies the file training wrote), or repair it"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise RunDirError(f"unreadable ({type(exc).__name__}: {str(exc)[:120]})", where=str(path), fix=fix) from None
+    if not isinstance(data, dict):
+        raise RunDirError("not a JSON object", where=str(path), fix=fix)
+    return data
 
 
 def write_json_atomic(path: Path, data: Any, *, durable: bool = False, indent: int | None = 2) -> None:
@@ -459,15 +589,53 @@ def write_jsonl_atomic(path: Path, records: Iterable[Any], *, durable: bool = Fa
 
 
 def new_run_dir(runs_root: str, experiment: str, name: str) -> Path:
-    """A fresh, unique folder; the name sorts by creation time."""
-    parent = Path(runs_root).expanduser().resolve() / experiment
-    parent.mkdir(parents=True, exist_ok=True)
+    """A fresh, unique folder; the name sorts by creation time.
+
+    An experiment folder made here takes the runs root's permission bits, so that on a shared runs root (group-
+    writable and setgid, or world-writable and sticky) the next user's runs of that experiment go in it too. A
+    folder this user may not write to is one line naming its owner (RunDirError, exit 2); nothing is created."""
+    import errno
+
+    root = Path(os.path.realpath(Path(runs_root).expanduser()))  # never raises, a symlink loop included
+    parent = root / experiment
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    for attempt in range(1000):
-        path = parent / (f"{name}-{stamp}" if attempt == 0 else f"{name}-{stamp}-{attempt}")
-        if make_run_dir(path):
-            return path
+    try:
+        _make_experiment_dir(root, parent)
+        for attempt in range(1000):
+            path = parent / (f"{name}-{stamp}" if attempt == 0 else f"{name}-{stamp}-{attempt}")
+            if make_run_dir(path):
+                return path
+    except PermissionError:
+        note = owner_note(parent)
+        key = "job.experiment" if note.startswith(f" ({shown(str(parent))} ") else "job.runs_root"
+        raise RunDirError(f"cannot create a run folder here: permission denied{note}", where=shown(str(parent)),
+                          key=key, fix=f"set another {key}, or ask the owner to let others write there (a shared "
+                          "runs root: chmod 2775 with a shared group, or 1777)") from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EROFS, errno.EEXIST):
+            raise RunFailure(f"{shown(str(parent))}: cannot create a run folder: {exc.strerror or exc}") from exc
+        raise RunDirError(f"cannot create a run folder here: {exc.strerror or exc}", where=shown(str(parent)),
+                          key="job.runs_root", fix="set job.runs_root to a folder you can write to") from None
     raise RunDirError("could not create a unique run directory", where=str(parent))
+
+
+def _make_experiment_dir(root: Path, parent: Path) -> None:
+    if parent.is_dir():
+        return
+    for folder in (root, parent):
+        if os.path.lexists(folder) and not os.path.isdir(folder):
+            raise RunDirError("not a folder: a file, or a symbolic link that loops or leads nowhere",
+                              where=shown(str(folder)), key="job.runs_root" if folder == root else "job.experiment",
+                              fix="set job.runs_root to a folder you can write to")
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        parent.mkdir()
+    except FileExistsError:
+        return  # someone else made it meanwhile: theirs, as they made it
+    try:
+        parent.chmod(root.stat().st_mode & 0o7777)  # as shared as the root (the umask would make it 0755)
+    except OSError:
+        pass  # a filesystem without chmod: the umask's bits
 
 
 def make_run_dir(path: Path) -> bool:
@@ -484,112 +652,7 @@ def make_run_dir(path: Path) -> bool:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write a file only its owner can read (0600): resolved configs and scripts of a run."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
-# ---- finding runs by name under a runs root (`embodyhpc runs`, and RUN arguments given as a name or `latest`) ----
-LATEST = "latest"
-"""The RUN argument that means the newest run under the runs root."""
-_STAMP_RE = re.compile(r"-(\d{8}-\d{6})(?:-(\d+))?$")  # the suffix new_run_dir gives every run folder
-_PLAIN_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]*$")
-
-
-def run_folders(runs_root: str | Path) -> list[Path]:
-    """Every run folder under `<runs_root>/<experiment>/` (one holding a run.json, even a damaged one), newest first.
-
-    Folders without run.json (a dataset kept under the runs root, a run folder whose submit failed before writing
-    it) are not runs. Nothing outside the runs root is listed: a symlinked experiment or run folder that leads out
-    of it is skipped. Evaluations under a run's evals/ belong to that run and are not listed apart."""
-    root = Path(runs_root).expanduser().resolve()
-    found: list[Path] = []
-    for experiment in _subfolders(root, root):
-        found += [run for run in _subfolders(experiment, root)
-                  if (run / RUN_JSON).exists() or (run / RUN_JSON).is_symlink()]
-    return sorted(found, key=run_created_key, reverse=True)
-
-
-def _subfolders(folder: Path, root: Path) -> list[Path]:
-    try:
-        entries = list(folder.iterdir())
-    except OSError:  # unreadable, or vanished while we looked: nothing listed from it
-        return []
-    out = []
-    for entry in entries:
-        try:
-            if entry.is_dir() and entry.resolve().is_relative_to(root):
-                out.append(entry)
-        except OSError:
-            continue
-    return sorted(out)
-
-
-def run_created_key(run: Path) -> tuple[str, int, float]:
-    """Sorts runs by when `submit` made them: the time stamp in the folder name (run.json is rewritten at every
-    state change, so its mtime would put an old run that just finished first); the folder's mtime for a renamed
-    folder without one."""
-    match = _STAMP_RE.search(run.name)
-    if match:
-        return match.group(1), int(match.group(2) or 0), 0.0
-    try:
-        mtime = run.stat().st_mtime
-    except OSError:
-        mtime = 0.0
-    return time.strftime("%Y%m%d-%H%M%S", time.localtime(mtime)), 0, mtime
-
-
-def find_run(ref: str | Path, runs_root: str | Path) -> Path:
-    """The run folder a RUN argument means: a folder that exists (as always), `latest` (the newest run under the
-    runs root), a run's folder name (`demo-metaworld-20261125-170000`), a unique start of one (`demo-metaworld`
-    when only one run starts so), or `EXPERIMENT/NAME` relative to the runs root.
-
-    An unknown or ambiguous name is a one-line RunDirError (exit 2) listing the nearest runs. Text with a '/' that
-    names no run is returned as the path it is (RunInfo.load then says it holds no run.json); other text that is no
-    plain name (a glob or control character, a leading '.') is refused. Names are compared as text: nothing is
-    globbed, and only runs inside the runs root (run_folders) are candidates."""
-    text = str(ref)
-    path = Path(text).expanduser()
-    if text and path.exists():
-        return path
-    root = Path(runs_root).expanduser().resolve()
-    runs = run_folders(root)
-    where = f"RUN {text!r}"
-    if text == LATEST:
-        if not runs:
-            raise RunDirError(f"there is no run under {root} yet", where=where,
-                              fix="submit one, or point --runs-root (or --site) at the runs root that holds yours")
-        return runs[0]
-    named = {_run_label(run, root): run for run in runs}
-    if text in named:  # EXPERIMENT/NAME
-        return named[text]
-    if "/" in text:  # a path after all: RunInfo.load says what is wrong with it
-        return path
-    if not text or _NO_CONTROL.search(text) or not _PLAIN_NAME_RE.match(text):
-        raise RunDirError("no such run folder, and not a run name (letters, digits, '.', '_', '+', '-')",
-                          where=where,
-                          fix=f"pass a run folder, a name `embodyhpc runs` lists, or {LATEST}")
-    matches = [run for run in runs if run.name == text] or [run for run in runs if run.name.startswith(text)]
-    if len(matches) == 1:
-        return matches[0]
-    if matches:
-        listed = ", ".join(_run_label(run, root) for run in matches[:5]) + (", ..." if len(matches) > 5 else "")
-        raise RunDirError(f"{len(matches)} runs under {root} match: {listed}", where=where,
-                          fix="use more of the name, EXPERIMENT/NAME, or the run folder")
-    import difflib
-
-    label_of = {run.name: _run_label(run, root) for run in reversed(runs)}  # the newest run of a name wins
-    nearest = [label_of[name] for name in difflib.get_close_matches(text, list(label_of), n=3, cutoff=0.5)]
-    if not nearest and runs:
-        nearest = [_run_label(run, root) for run in runs[:3]]  # the newest, as a hint of what exists
-    hint = f"nearest: {', '.join(nearest)}" if nearest else "the runs root holds no runs"
-    raise RunDirError(f"no run of that name under {root} ({hint})", where=where,
-                      fix="`embodyhpc runs` lists them; --runs-root (or --site) picks another runs root")
-
-
-def _run_label(run: Path, root: Path) -> str:
-    """EXPERIMENT/NAME of a run folder under the runs root."""
-    return f"{run.parent.name}/{run.name}" if run.parent.parent == root else str(run)
-
+    """Write a file only its owner can read (0600): resolved configs and scripts of a run. Whole or not at all
+    (replace_atomically; its temp file is 0600): a resume that dies while rewriting resolved.yaml leaves the old
+    one, and a job or `eval --ckpt` reading it meanwhile never sees half of it."""
+    replace_atomically(Path(path), lambda tmp: tmp.write_text(text))

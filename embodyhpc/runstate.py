@@ -6,11 +6,13 @@ and ETA from the metrics file, and the runs under a runs root with their steps, 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from embodyhpc.rundir import RunInfo, read_report
+from embodyhpc.rundir import RUN_JSON, RunInfo, read_report
 
 RUN_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "INTERRUPTED", "UNKNOWN",
               "DAMAGED")
@@ -57,6 +59,19 @@ class RunSummary:
     created: str | None = None
     age_s: float | None = None
     backend: str | None = None
+
+
+@dataclass
+class RunListing:
+    """What `embodyhpc runs` shows: the rows, a note when sacct failed, and the folders this user cannot read."""
+
+    rows: list[RunSummary]
+    note: str | None = None
+    unreadable: list[str] = field(default_factory=list)
+    """EXPERIMENT/NAME (or EXPERIMENT) of the folders under the runs root this user may not read (other users'
+    private runs on a shared runs root): not listed, counted."""
+    owners: list[str] = field(default_factory=list)
+    """Who those folders belong to."""
 
 
 def train_progress(run_dir: str | Path) -> TrainProgress | None:
@@ -165,28 +180,30 @@ def run_state(statuses: list) -> tuple[str, str | None, str | None]:
     return "COMPLETED", None, None
 
 
-def list_runs(root: Path, *, experiment: str | None = None, state: str | None = None
-              ) -> tuple[list[RunSummary], str | None]:
-    """The runs under `root` (rundir.run_folders), newest first, each with its state, steps, headline success and
-    age; and a note when sacct failed (the states of Slurm runs then come from disk). One sacct for all runs."""
-    from embodyhpc.errors import RunDirError, UserError
-    from embodyhpc.rundir import run_folders
+def list_runs(root: Path, *, experiment: str | None = None, state: str | None = None) -> RunListing:
+    """The runs under `root` (scan_runs), newest first, each with its state, steps, headline success and age; a
+    note when sacct failed (the states of Slurm runs then come from disk), and the folders this user cannot read
+    (skipped and counted: on a shared runs root, other users' private runs). One sacct for all runs."""
+    from embodyhpc.errors import RunDirError, UnreadableRunError, UserError
 
     if state is not None and state.upper() not in RUN_STATES:
         raise UserError(f"unknown state {state!r}", key="--state", fix=f"use one of {', '.join(RUN_STATES)}")
-    if root.exists() and not root.is_dir():
-        raise UserError("is a file, not the folder runs are under", where=str(root), key="runs root",
-                        fix="pass --runs-root FOLDER, or set job.runs_root in the site profile")
-    folders = [p for p in run_folders(root) if experiment is None or p.parent.name == experiment]
+    found = scan_runs(root)
+    folders = [p for p in found.runs if experiment is None or p.parent.name == experiment]
+    hidden = [p for p in found.unreadable
+              if experiment is None or (p.name if p.parent == found.root else p.parent.name) == experiment]
     rows: list[RunSummary] = []
     loaded: list[tuple[RunSummary, RunInfo]] = []
     for folder in folders:
         row = RunSummary(name=f"{folder.parent.name}/{folder.name}", run_dir=str(folder), state="DAMAGED")
-        rows.append(row)
         try:
             loaded.append((row, RunInfo.load(folder)))
+        except UnreadableRunError:  # run.json private to its owner, in a folder others may enter
+            hidden.append(folder)
+            continue
         except RunDirError as exc:
             row.reason = exc.one_line()
+        rows.append(row)
     statuses, from_disk = chain_states([info for _, info in loaded])
     for (row, info), jobs in zip(loaded, statuses, strict=True):
         row.state, row.job, row.reason = run_state(jobs)
@@ -201,4 +218,124 @@ def list_runs(root: Path, *, experiment: str | None = None, state: str | None = 
         rows = [row for row in rows if row.state == state.upper()]
     note = (f"sacct failed ({from_disk}): the states of Slurm runs come from disk and may be out of date"
             if from_disk is not None else None)
-    return rows, note
+    hidden.sort(key=run_created_key, reverse=True)
+    return RunListing(rows, note, [run_label(p, found.root) for p in hidden], sorted({_owner(p) for p in hidden}))
+
+
+# ---- the run folders under a runs root, and the run a name or `latest` means (submit.find_run) ----
+LATEST = "latest"
+"""The RUN argument that means your newest run under the runs root."""
+_STAMP_RE = re.compile(r"-(\d{8}-\d{6})(?:-(\d+))?$")  # the suffix rundir.new_run_dir gives every run folder
+
+
+@dataclass
+class RunFolders:
+    root: Path
+    runs: list[Path]
+    """Every run folder under `<root>/<experiment>/` (one holding a run.json, even a damaged one), newest first."""
+    unreadable: list[Path]
+    """Experiment and run folders there this user may not look into (other users' private folders)."""
+
+
+def scan_runs(runs_root: str | Path) -> RunFolders:
+    """The run folders under a runs root, newest first, and the folders there this user cannot read.
+
+    Folders without run.json (a dataset kept under the runs root, a run folder whose submit failed before writing
+    it) are not runs. Nothing outside the runs root is listed: a symlinked experiment or run folder that leads out
+    of it is skipped. Evaluations under a run's evals/ belong to that run and are not listed apart. A runs root that
+    is a file or cannot be read is a one-line UserError; one that does not exist holds no runs."""
+    root = Path(os.path.realpath(Path(runs_root).expanduser()))  # realpath: a symlink loop does not raise
+    try:
+        entries = list(root.iterdir())
+    except FileNotFoundError:
+        entries = []  # no run yet
+    except NotADirectoryError:
+        raise _root_error(root, "is a file, not the folder runs are under" if os.path.isfile(root) else
+                          "a part of the path is a file, not a folder") from None
+    except OSError as exc:
+        from embodyhpc.rundir import owner_note
+
+        note = owner_note(root) if isinstance(exc, PermissionError) else ""
+        raise _root_error(root, f"cannot read the runs root: {exc.strerror or exc}{note}") from None
+    runs: list[Path] = []
+    unreadable: list[Path] = []
+    for experiment in _subfolders(entries, root, unreadable):
+        try:
+            names = os.listdir(experiment)
+        except PermissionError:
+            unreadable.append(experiment)
+            continue
+        except OSError:  # vanished while we looked
+            continue
+        for run in _subfolders([experiment / name for name in names], root, unreadable):
+            try:
+                (run / RUN_JSON).lstat()
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError:  # someone else's private run folder
+                unreadable.append(run)
+                continue
+            runs.append(run)
+    return RunFolders(root, sorted(runs, key=run_created_key, reverse=True), unreadable)
+
+
+def run_folders(runs_root: str | Path) -> list[Path]:
+    """The run folders under a runs root this user can read, newest first (scan_runs)."""
+    return scan_runs(runs_root).runs
+
+
+def _root_error(root: Path, problem: str):
+    from embodyhpc.errors import UserError
+    from embodyhpc.rundir import shown
+
+    return UserError(problem, where=shown(str(root)), key="runs root",
+                     fix="pass --runs-root FOLDER, or set job.runs_root in the site profile")
+
+
+def _subfolders(entries: list[Path], root: Path, unreadable: list[Path]) -> list[Path]:
+    out = []
+    for entry in entries:
+        try:
+            if entry.is_dir() and Path(os.path.realpath(entry)).is_relative_to(root):
+                out.append(entry)
+        except PermissionError:  # a folder we may list but not enter
+            unreadable.append(entry)
+        except OSError:
+            continue
+    return sorted(out)
+
+
+def run_created_key(run: Path) -> tuple[str, int, float]:
+    """Sorts runs by when `submit` made them: the time stamp in the folder name (run.json is rewritten at every
+    state change, so its mtime would put an old run that just finished first); the folder's mtime for a renamed
+    folder without one."""
+    match = _STAMP_RE.search(run.name)
+    if match:
+        return match.group(1), int(match.group(2) or 0), 0.0
+    try:
+        mtime = run.stat().st_mtime
+    except OSError:
+        mtime = 0.0
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(mtime)), 0, mtime
+
+
+def owned(path: Path) -> bool:
+    """Whether this user owns `path` (`latest` on a shared runs root is your newest run, not whoever's)."""
+    try:
+        return path.stat().st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def _owner(path: Path) -> str:
+    from embodyhpc.rundir import user_name
+
+    try:
+        return user_name(path.stat().st_uid)
+    except OSError:
+        return "?"
+
+
+def run_label(run: Path, root: Path) -> str:
+    """EXPERIMENT/NAME of a run folder under the runs root (EXPERIMENT of an experiment folder)."""
+    return str(run.relative_to(root)) if run.is_relative_to(root) else str(run)

@@ -7,6 +7,7 @@ The backend is Slurm when a controller answers, else the local machine (with a m
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 import time
 from collections.abc import Callable, Sequence
@@ -36,27 +37,147 @@ Progress = Callable[[str], None]
 
 def default_run_dir(job: JobConfig) -> Path:
     """The folder `submit` would create now (render shows scripts for it)."""
-    root = Path(job.runs_root).expanduser().resolve()
+    import os
+
+    root = Path(os.path.realpath(Path(job.runs_root).expanduser()))  # not resolve(): that raises on a link loop
     return root / job.experiment / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def runs_root(site: str | None = None, explicit: str | Path | None = None) -> Path:
     """Where run names, `latest` and `embodyhpc runs` look: `explicit` (--runs-root), else the site profile's
     job.runs_root (--site or $EMBODYHPC_SITE), else the schema's default (./runs)."""
+    import os
+
     from embodyhpc.config.load import site_runs_root
 
-    return Path(explicit if explicit is not None else site_runs_root(site)).expanduser().resolve()
+    chosen = Path(explicit if explicit is not None else site_runs_root(site)).expanduser()
+    return Path(os.path.realpath(chosen))  # not Path.resolve(): that raises on a symlink loop
 
 
 def find_run_dir(ref: str | Path, *, site: str | None = None, root: str | Path | None = None) -> Path:
-    """The run folder a RUN argument names: an existing folder, a run name or `latest` (rundir.find_run) under
+    """The run folder a RUN argument names: an existing folder, a run name or `latest` (find_run) under
     runs_root(site, root). Every command that takes a run folder resolves it here. An existing folder is used as
-    it is, without reading the site profile."""
-    from embodyhpc.rundir import find_run
+    it is, without reading the site profile. A folder this user may not read (someone else's private run on a
+    shared runs root), a path longer than the filesystem allows or a symbolic link loop is one line (exit 2)."""
+    text = str(ref)
+    if _names_a_path(text):
+        return check_run_path(text)
+    found = find_run(ref, runs_root(site, root))
+    check_run_path(str(found), where=text)
+    return found
 
-    if str(ref) and Path(str(ref)).expanduser().exists():
-        return Path(str(ref)).expanduser()
-    return find_run(ref, runs_root(site, root))
+
+def check_run_path(text: str, *, where: str | None = None) -> Path:
+    """The path a RUN (or a run's export) argument gives, once it is known to be usable: longer than the filesystem
+    allows, a symbolic link loop or a folder this user may not read (someone else's private run) is one line
+    (RunDirError, exit 2). A path that is not there passes: the command says what it expected."""
+    from embodyhpc.rundir import check_readable
+
+    _check_length(text)
+    path = Path(text).expanduser()
+    check_readable(path, where=text if where is None else where)
+    return path
+
+
+def find_run(ref: str | Path, runs_root: str | Path) -> Path:
+    """The run folder a RUN argument means: a folder that exists (as always), `latest` (your newest run under the
+    runs root: on a shared root, not another user's), a run's folder name (`demo-metaworld-20261125-170000`), a
+    unique start of one (`demo-metaworld` when only one run starts so), or `EXPERIMENT/NAME` relative to the runs
+    root.
+
+    An unknown or ambiguous name is a one-line RunDirError (exit 2) listing the nearest runs. Text with a '/' that
+    names no run is returned as the path it is (RunInfo.load then says it holds no run.json); other text that is no
+    plain name (a glob or control character, a leading '.') is refused. Names are compared as text: nothing is
+    globbed, and only folders inside the runs root (runstate.scan_runs) are candidates: the runs this user can
+    read first, then the folders of runs they cannot (whose name then gets a one line saying so)."""
+    from embodyhpc.errors import RunDirError
+    from embodyhpc.rundir import shown
+    from embodyhpc.runstate import LATEST, owned, run_label, scan_runs
+
+    text = str(ref)
+    path = Path(text).expanduser()
+    if _names_a_path(text):  # refuses a name longer than the filesystem allows
+        return path
+    found = scan_runs(runs_root)
+    root, runs = found.root, found.runs
+    where = f"RUN '{shown(text)}'"
+    if text == LATEST:
+        mine = [run for run in runs if owned(run)]
+        if mine:
+            return mine[0]
+        others = f" yet ({len(runs)} of other users)" if runs else " yet"
+        raise RunDirError(f"there is no run {'of yours ' if runs else ''}under {root}{others}", where=where,
+                          fix="submit one, or point --runs-root (or --site) at the runs root that holds yours")
+    closed = [run for run in found.unreadable if run.parent != root]  # run folders of others, by name only
+    named = {run_label(run, root): run for run in [*closed, *runs]}
+    if text in named:  # EXPERIMENT/NAME
+        return named[text]
+    if "/" in text:  # a path after all: RunInfo.load says what is wrong with it
+        return path
+    if not _PLAIN_NAME_RE.match(text):
+        raise RunDirError("no such run folder, and not a run name (letters, digits, '.', '_', '+', '-')",
+                          where=where, fix=f"pass a run folder, a name `embodyhpc runs` lists, or {LATEST}")
+    for candidates in (runs, closed):
+        matches = ([run for run in candidates if run.name == text]
+                   or [run for run in candidates if run.name.startswith(text)])
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            listed = ", ".join(run_label(run, root) for run in matches[:5]) + (", ..." if len(matches) > 5 else "")
+            raise RunDirError(f"{len(matches)} runs under {root} match: {listed}", where=where,
+                              fix="use more of the name, EXPERIMENT/NAME, or the run folder")
+    import difflib
+
+    label_of = {run.name: run_label(run, root) for run in reversed(runs)}  # the newest run of a name wins
+    nearest = [label_of[name] for name in difflib.get_close_matches(text, list(label_of), n=3, cutoff=0.5)]
+    if not nearest and runs:
+        nearest = [run_label(run, root) for run in runs[:3]]  # the newest, as a hint of what exists
+    hint = f"nearest: {', '.join(nearest)}" if nearest else "the runs root holds no runs"
+    unsearched = len(found.unreadable) - len(closed)
+    if unsearched:
+        hint += f"; {unsearched} folder{'s' if unsearched > 1 else ''} there you cannot read not searched"
+    raise RunDirError(f"no run of that name under {root} ({hint})", where=where,
+                      fix="`embodyhpc runs` lists them; --runs-root (or --site) picks another runs root")
+
+
+_PLAIN_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]*$")
+
+
+def _names_a_path(text: str) -> bool:
+    """Whether a RUN argument is a path that is there (even one this user may not read, or a symbolic link loop).
+    Path.exists() would raise for those, and for a name longer than the filesystem allows (_check_length)."""
+    import os
+
+    if not text:
+        return False
+    _check_length(text)
+    try:
+        os.stat(Path(text).expanduser())
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL byte
+        return False
+    except OSError:
+        return True  # there, and check_readable (or RunInfo.load) says why it cannot be read
+    return True
+
+
+NAME_MAX_BYTES = 255
+PATH_MAX_BYTES = 4095
+"""Linux's limits (and those of the filesystems runs live on): a longer RUN argument names nothing."""
+
+
+def _check_length(text: str) -> None:
+    import os
+
+    from embodyhpc.errors import RunDirError
+    from embodyhpc.rundir import shown
+
+    longest = max((len(os.fsencode(part)) for part in text.split("/")), default=0)
+    if longest <= NAME_MAX_BYTES and len(os.fsencode(text)) <= PATH_MAX_BYTES:
+        return
+    problem = (f"{longest} bytes in one name, more than a filesystem allows ({NAME_MAX_BYTES})"
+               if longest > NAME_MAX_BYTES else f"a path of more than {PATH_MAX_BYTES} bytes")
+    raise RunDirError(f"no such run: {problem}", where=f"RUN '{shown(text)}'",
+                      fix="pass the folder `embodyhpc submit` printed, or a name `embodyhpc runs` lists")
 
 
 def preflight(loaded: LoadedRecipe, python: str, *, submitting: bool, eval_only: bool = False) -> list[str]:
@@ -182,23 +303,29 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
     a new step (runlogs.read_last_metrics), until the chain ends.
     """
     from embodyhpc.orchestrate.api import run_chain, start_run
+    from embodyhpc.runlock import run_lock
 
     loaded, backend = prepare_launch(loaded, python, local=local, progress=progress, eval_only=eval_only)
     job = loaded.config.job
     run_dir = new_run_dir(job.runs_root, job.experiment, job.name)
-    try:
-        info = start_run(loaded, run_dir, backend=backend, python=python,
-                         mlflow_run_id=mlflow_parent if eval_only else _create_mlflow_run(loaded, run_dir, progress))
-    except BaseException:
-        import shutil
+    # held while the folder is filled and the chain submitted (a chain run here: shared until it ends), so that a
+    # `resume latest` or `cancel latest` meanwhile is refused naming this command (embodyhpc.runlock)
+    with run_lock(run_dir, "embodyhpc eval" if eval_only else "embodyhpc submit", progress=progress) as lock:
+        try:
+            info = start_run(loaded, run_dir, backend=backend, python=python, mlflow_run_id=mlflow_parent
+                             if eval_only else _create_mlflow_run(loaded, run_dir, progress))
+        except BaseException:
+            import shutil
 
-        shutil.rmtree(run_dir, ignore_errors=True)  # no run folder without run.json
-        raise
-    progress(f"run directory: {run_dir}")
-    if backend != "local" or on_train_progress is None or eval_only:
-        return run_chain(loaded, info, progress=progress, eval_only=eval_only)
-    with _ProgressPoller(run_dir, on_train_progress):
-        return run_chain(loaded, info, progress=progress, eval_only=eval_only)
+            shutil.rmtree(run_dir, ignore_errors=True)  # no run folder without run.json
+            raise
+        progress(f"run directory: {run_dir}")
+        if backend == "local":
+            lock.share()
+        if backend != "local" or on_train_progress is None or eval_only:
+            return run_chain(loaded, info, progress=progress, eval_only=eval_only)
+        with _ProgressPoller(run_dir, on_train_progress):
+            return run_chain(loaded, info, progress=progress, eval_only=eval_only)
 
 
 class _ProgressPoller:

@@ -318,7 +318,9 @@ def _write(config: pytest.Config, budget: Budget, wall_s: float) -> None:
                                             "args": config.invocation_params.args}}) + "\n")
         tmp.replace(path)
     except OSError as exc:  # a read-only checkout still gets the printed summary
-        config.get_terminal_reporter().write_line(f"could not write {path}: {exc}")
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"could not write {path}: {exc}")
 
 
 def _time_alone(config: pytest.Config, over: list[tuple[str, float]], limit: float) -> list[tuple[str, float]]:

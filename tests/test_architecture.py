@@ -180,7 +180,7 @@ NAME_OWNERS = {
     "embodyhpc/rundir.py": {"run.json", "resolved.yaml", "policy_io.json", "metrics.jsonl", "train_result.json",
                             "train_attempts.jsonl", "spine-state.pt", "report.json", "report.md", "report.txt",
                             "history.jsonl", "smoke.json", "smoke-request.json", "checkpoints", "exports", "evals",
-                            "submitit", "scripts", "attempts"},
+                            "submitit", "scripts", "attempts", ".embodyhpc.lock"},
 }
 NOT_YET_MOVED: set[tuple[str, str]] = set()
 

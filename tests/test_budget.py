@@ -165,3 +165,11 @@ def test_an_artifact_is_built_once_by_processes_asking_at_once(tmp_path):
     assert first.returncode != 0 and "the build broke" in first.stderr
     assert second.returncode != 0 and "failed to build earlier in this run" in second.stderr
     assert "the build broke" in second.stderr and (broken / "builds.log").read_text() == "built\n"
+
+
+def test_a_durations_file_that_cannot_be_written_is_one_line_not_a_crash(tmp_path):
+    (tmp_path / "durations.jsonl").write_text("")  # suite() reads it back; the run writes elsewhere
+    (tmp_path / "blocked").write_text("a file where the durations folder would be")
+    result, _ = suite(tmp_path, SLOW_AND_MARKED, "-o", "test_durations_file=blocked/durations.jsonl")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "could not write" in result.stdout and "Traceback" not in result.stdout + result.stderr

@@ -13,13 +13,13 @@ def test_recipes_list_and_show(cli, tmp_path):
     listing = cli("recipes", "list")
     assert listing.code == 0
     assert "pi05_fp8" in listing.out and "example_roce" in listing.out
-    shown = cli("recipes", "show", "pi05_fp8", "data.root=/d", TOK, "train.steps=7")
+    shown = cli("recipes", "show", "pi05_fp8", "data.root=/d", TOK, "train.steps=7", "train.warmup_steps=0")
     assert shown.code == 0, shown.err
     assert "steps: 7" in shown.out and "mode: fp8" in shown.out and "root: /d" in shown.out
     # what `show` prints is a complete recipe: loading it back gives the same config
     (tmp_path / "shown.yaml").write_text(shown.out)
     assert load_recipe(str(tmp_path / "shown.yaml")).config == load_recipe(
-        "pi05_fp8", ["data.root=/d", TOK, "train.steps=7"]).config
+        "pi05_fp8", ["data.root=/d", TOK, "train.steps=7", "train.warmup_steps=0"]).config
 
 
 def test_validate_prints_the_job_shape(cli):

@@ -91,8 +91,9 @@ def test_readme_command_runs(cli, tmp_path, monkeypatch, command):
     (tmp_path / "recipes").symlink_to(README.parent / "recipes")
     args = _runnable(command, tmp_path)
     if "demo_metaworld_cpu" in command:
+        # with a camera (16 px): validate reads the dataset and pi0.5 needs one (config/data_checks.py)
         made = cli("data", "synth", "--out", "runs/demo-data/metaworld-mt4", "--tasks", "reach-v3", "--episodes", "1",
-                   "--cameras", "")
+                   "--image-size", "16")
         assert made.code == 0, made.err
     result = cli(*args)
     assert result.code == 0, (command, args, result.err[-2000:])

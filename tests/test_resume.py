@@ -19,14 +19,53 @@ from tests.helpers import run_dir_from
 DEMO = "recipes/demo_metaworld_cpu.yaml"
 
 
+_DCP_TEMPLATES: dict[str, Path] = {}
+
+
+def _dcp_template(model_config) -> Path:
+    """DCP files of the model `model_config` builds (random weights, no optimizer), written once per model."""
+    key = repr(model_config)
+    if key not in _DCP_TEMPLATES:
+        import atexit
+        import tempfile
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+
+        from embodyhpc.models import build_model
+
+        template = Path(tempfile.mkdtemp(prefix="dcp-template-"))
+        atexit.register(shutil.rmtree, template, True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "torch.distributed is disabled": one process writes it all
+            dcp.save({"model": build_model(model_config).state_dict()}, checkpoint_id=template, no_dist=True)
+        _DCP_TEMPLATES[key] = template
+    return _DCP_TEMPLATES[key]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def demo_checkpoint_template() -> Path:
+    """The demo model's DCP files (torch imported, the model built and saved once): charged to the suite, not to
+    whichever test calls fake_run first."""
+    return _dcp_template(load_recipe(DEMO, ["data.root=/tmp"], site="local").config.model)
+
+
+def model_checkpoint(folder: Path, model_config) -> None:
+    """What resume reads of a checkpoint (its DCP metadata and shard files) into `folder`: a copy of the model's
+    template."""
+    shutil.copytree(_dcp_template(model_config), folder, dirs_exist_ok=True)
+
+
 def fake_run(root: Path, *, steps: int = 40, checkpoints: tuple[int, ...] = (20,), backend: str = "local",
-             train_state: str = "FAILED", job_id: str = "123", overrides: tuple[str, ...] = ()) -> Path:
+             train_state: str = "FAILED", job_id: str = "123", overrides: tuple[str, ...] = (),
+             site: str = "local") -> Path:
     """A run folder as `submit` leaves it (resolved.yaml, run.json) with complete checkpoint folders at `checkpoints`
-    (a marker each, as the Checkpointer writes it): what resume reads, without training."""
+    (the model's DCP files and a marker each, as the Checkpointer writes them): what resume reads, without
+    training."""
     data = root / "data"
     data.mkdir(exist_ok=True)
     loaded = load_recipe(DEMO, [f"job.runs_root={root}", f"data.root={data}", f"train.steps={steps}",
-                                "train.warmup_steps=2", *overrides], site="local")
+                                "train.warmup_steps=2", *overrides], site=site)
     run = root / "demo" / "run-1"
     assert make_run_dir(run)
     write_private(run / "resolved.yaml", loaded.to_yaml())
@@ -37,6 +76,8 @@ def fake_run(root: Path, *, steps: int = 40, checkpoints: tuple[int, ...] = (20,
     for step in checkpoints:
         folder = layout.step_dir(run / "checkpoints", step)
         folder.mkdir(parents=True)
+        if loaded.config.data.format != "synthetic":
+            model_checkpoint(folder, loaded.config.model)
         layout.write_marker(folder, {"step": step})
     return run
 

@@ -1,4 +1,4 @@
-"""RUN arguments given as a name or `latest` (rundir.find_run, submit.find_run_dir): every command that takes a
+"""RUN arguments given as a name or `latest` (submit.find_run, submit.find_run_dir): every command that takes a
 run folder accepts them; unknown, ambiguous and hostile names are one line with exit 2."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from embodyhpc.errors import RunDirError
-from embodyhpc.rundir import find_run, run_folders
+from embodyhpc.runstate import run_folders
+from embodyhpc.submit import find_run
 from tests.helpers import one_line_error
 
 
@@ -94,6 +95,17 @@ def test_latest_of_an_empty_or_missing_root(tmp_path):
     for root in (tmp_path / "missing", tmp_path):
         with pytest.raises(RunDirError, match="no run under"):
             find_run("latest", root)
+
+
+def test_latest_is_never_someone_elses_run(root, monkeypatch):
+    """On a shared runs root `latest` is your newest run: runs of other users (readable ones too) are passed over.
+    Here every run belongs to someone else: this process claims another uid (the files stay as they are)."""
+    from embodyhpc import runstate
+
+    monkeypatch.setattr(runstate.os, "geteuid", lambda: os.stat(root).st_uid + 1)
+    with pytest.raises(RunDirError, match=r"no run of yours under .* \(3 of other users\)"):
+        find_run("latest", root)
+    assert find_run("smoke", root).name == "smoke-20261124-090000"  # a name still finds anyone's run
 
 
 @pytest.mark.parametrize("command", ["status", "logs", "cancel"])

@@ -57,6 +57,10 @@ def _calls(log: Path, tool: str) -> list[str]:
     return [line for line in log.read_text().splitlines() if line.startswith(tool)] if log.exists() else []
 
 
+_ATTEMPT = {"number": 1, "created": "2026-01-01T00:00:00+0000", "backend": "slurm", "site": None, "python": "python3",
+            "overrides": [], "jobs": {}}
+
+
 def _with(mutate):
     def write(path: Path) -> None:
         data = _valid(path.parent)
@@ -173,6 +177,13 @@ CORRUPTIONS = {
     "job_id_flag": _set("jobs", "train", "job_id", "--user=root"),
     "job_id_endless_digits": _set("jobs", "train", "job_id", "9" * 5000),
     "100k_job_records": _set("jobs", {f"j{i}": {"kind": "train", "job_id": str(i)} for i in range(100_000)}),
+    # versions and attempts count from 1, and the attempts run.json lists are 1 .. attempt - 1: a resume would
+    # otherwise archive into (and overwrite) an attempt's folder that is not the newest
+    "schema_version_zero": _set("schema_version", 0),
+    "attempt_zero": _set("attempt", 0),
+    "attempt_without_its_history": _set("attempt", 3),
+    "attempts_numbered_twice": _with(lambda data: data.update(attempt=3, attempts=[_ATTEMPT, _ATTEMPT])),
+    "attempt_number_zero": _with(lambda data: data.update(attempt=2, attempts=[{**_ATTEMPT, "number": 0}])),
 }
 
 
@@ -492,3 +503,40 @@ def test_an_atomic_write_that_fails_leaves_the_old_file_and_no_temp_file(tmp_pat
     write_json_atomic(path, {"outcome": "failed"}, durable=True)
     assert json.loads(path.read_text()) == {"outcome": "failed"} and os.listdir(tmp_path) == ["report.json"]
     assert path.stat().st_mode & 0o777 == 0o600  # a run's files are private, as the run folder is
+
+
+def test_attempts_numbered_as_resume_records_them_read_back(tmp_path):
+    from embodyhpc.rundir import RunInfo
+
+    run = tmp_path / "run"
+    run.mkdir()
+    attempts = [{**_ATTEMPT, "number": n} for n in (1, 2)]
+    (run / "run.json").write_text(json.dumps({**_valid(run), "attempt": 3, "attempts": attempts}))
+    assert [a.number for a in RunInfo.load(run).all_attempts()] == [1, 2, 3]
+
+
+def test_write_private_replaces_whole_never_through_a_link_and_stays_private(tmp_path, monkeypatch):
+    """resolved.yaml and scripts: a reader (a job, `eval --ckpt`) sees the old text or the new, never half; a
+    symlink put where one belongs is replaced, its target untouched."""
+    from embodyhpc.rundir import write_private
+
+    path = tmp_path / "resolved.yaml"
+    write_private(path, "old: 1\n")
+    real_write = Path.write_text
+
+    def torn(self, text, *args, **kwargs):
+        real_write(self, text[:3], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", torn)
+    with pytest.raises(OSError, match="No space"):
+        write_private(path, "new: 2\n")
+    monkeypatch.undo()
+    assert path.read_text() == "old: 1\n" and os.listdir(tmp_path) == ["resolved.yaml"]
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    path.unlink()
+    path.symlink_to(victim)
+    write_private(path, "new: 2\n")
+    assert victim.read_text() == "keep\n" and not path.is_symlink() and path.read_text() == "new: 2\n"
+    assert path.stat().st_mode & 0o777 == 0o600

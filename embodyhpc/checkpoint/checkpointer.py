@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -223,6 +223,10 @@ class Checkpointer:
         if not self.group.all_true(layout.is_complete(folder)):
             raise CheckpointError(f"{folder} has no {layout.MARKER} marker (on some rank): it was never completely "
                                   "written")
+        wrong = _try(lambda: layout.checkpoint_step(folder))  # the step its record holds, not only its name says
+        if not self.group.all_true(wrong is None):
+            raise CheckpointError(f"{folder} cannot be resumed from: "
+                                  f"{getattr(wrong, 'message', wrong) or 'its record disagrees on another rank'}")
         saved_world_size = int(layout.read_marker(folder)["world_size"])
         state = model_and_optim_state(model, optimizer)
         saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
@@ -258,8 +262,10 @@ class Checkpointer:
         return trainer
 
     # ---- export ----
-    def export(self, out_dir: str | Path, *, config_yaml: str, step: int | None = None) -> Path | None:
-        """Consolidated weights (one safetensors file) + the resolved config, from a complete checkpoint.
+    def export(self, out_dir: str | Path, *, config_yaml: str, step: int | None = None,
+               side_files: Mapping[str, str | Path | None] | None = None) -> Path | None:
+        """Consolidated weights (one safetensors file) + the resolved config (+ `side_files`, hashed into
+        export.json: export.export_consolidated), from a complete checkpoint.
 
         Every rank calls it; rank 0 reads the DCP files by itself (no collectives) while the others wait, so
         that no rank tears the job down before the file exists. Returns the weights path on rank 0.
@@ -270,7 +276,8 @@ class Checkpointer:
             raise CheckpointError(f"nothing to export: no complete checkpoint under {self.root}")
         folder = layout.step_dir(self.root, chosen)
         return self.group.on_rank0(f"exporting {folder.name}",
-                                   lambda: export_consolidated(folder, Path(out_dir), config_yaml=config_yaml))
+                                   lambda: export_consolidated(folder, Path(out_dir), config_yaml=config_yaml,
+                                                               side_files=side_files))
 
     def close(self) -> None:
         """Finish the save in flight (a job must not exit under it), then stop the finisher thread."""

@@ -11,13 +11,17 @@ the optimizer (2x the weights for AdamW) stays on disk. Peak memory: the full mo
                             (a module's _extra_state, such as transformer-engine's FP8 scaling state, is training
                             state, not weights: it stays in the checkpoint)
         export.json         step, source folder, counts, size and sha256 of the weights, what they were built
-                            from (embodyhpc.checkpoint.integrity): written last, so its presence means the export
-                            is whole; `load_exported` checks the weights against it before anything uses them
+                            from, sha256 of each side file (embodyhpc.checkpoint.integrity): written last, so its
+                            presence means the export is whole; `load_exported` checks the weights and side files
+                            against it before anything uses them
+        <side files>        what the writer passes as `side_files` (the run's normalization.json, policy_io.json,
+                            tokenizer copy), copied in before export.json is written
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +38,14 @@ from embodyhpc.checkpoint.integrity import (
     DCP_METADATA,
     EXPORT_JSON,
     REEXPORT,
+    SIDE_FILES_KEY,
     WEIGHTS_FILE,
+    check_side_name,
     checkpoint_id,
     safetensors_header,
     sha256_file,
     sha256_text,
+    side_file_hashes,
     verify_export,
 )
 from embodyhpc.checkpoint.state import MODEL_KEY, is_module_extra_state
@@ -122,11 +129,14 @@ def built_from(folder: str | Path, config_yaml: str) -> dict[str, str]:
 
 
 def export_consolidated(folder: str | Path, out_dir: str | Path, *, config_yaml: str,
-                        dtype: torch.dtype | None = None) -> Path:
+                        dtype: torch.dtype | None = None, side_files: Mapping[str, str | Path | None] | None = None,
+                        ) -> Path:
     """Write <out_dir>/model.safetensors, config.yaml and export.json from a complete checkpoint folder.
 
     `dtype` casts floating-point tensors (e.g. torch.bfloat16 to halve the file); None keeps the saved dtypes.
-    Returns the weights path.
+    `side_files`: {file name: the file to copy in as that name, or None for one the export does not have (a copy
+    left in out_dir by an earlier export is removed)}; their hashes go into export.json (integrity.verify_export
+    checks them). None records no side files (an export that is only weights and config). Returns the weights path.
     """
     from safetensors.torch import save_file  # the `train` extra; imported here so the package imports without it
 
@@ -143,6 +153,8 @@ def export_consolidated(folder: str | Path, out_dir: str | Path, *, config_yaml:
     replace_atomically(weights, lambda tmp: save_file(tensors, str(tmp), metadata={
         "format": "pt", "step": str(step), "source": folder.name}))
     replace_atomically(out_dir / CONFIG_FILE, lambda tmp: tmp.write_text(config_yaml))
+    if side_files is not None:
+        _copy_side_files(side_files, out_dir)
     summary: dict[str, Any] = {
         "step": step, "source": str(folder.resolve()), "weights": WEIGHTS_FILE, "config": CONFIG_FILE,
         "num_tensors": len(tensors), "num_parameters": sum(t.numel() for t in tensors.values()),
@@ -150,8 +162,21 @@ def export_consolidated(folder: str | Path, out_dir: str | Path, *, config_yaml:
         "bytes": weights.stat().st_size, "sha256": sha256_file(weights), "config_sha256": sha256_text(config_yaml),
         "tensors": safetensors_header(weights), "built_from": built_from(folder, config_yaml),
     }
+    if side_files is not None:
+        summary[SIDE_FILES_KEY] = side_file_hashes(out_dir, side_files)
     write_json_atomic(out_dir / EXPORT_JSON, summary)
     return weights
+
+
+def _copy_side_files(side_files: Mapping[str, str | Path | None], out_dir: Path) -> None:
+    for name, source in side_files.items():
+        target = out_dir / name
+        check_side_name(name, where=str(out_dir))  # a plain file name, before anything is copied
+        if source is None:
+            target.unlink(missing_ok=True)
+        elif Path(source).resolve() != target.resolve():
+            data = Path(source).read_bytes()
+            replace_atomically(target, lambda tmp, data=data: tmp.write_bytes(data))
 
 
 def load_exported(out_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

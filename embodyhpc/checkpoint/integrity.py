@@ -10,9 +10,19 @@ export.json records, besides step and counts:
     built_from      {"checkpoint": folder, "checkpoint_id": sha256 of its .metadata and .complete marker,
                      "config_sha256": the recipe the checkpoint was exported with}: what the export is of; an
                     export of another checkpoint or recipe is never reused in its place
+    side_files      {name: sha256 or null} of every other file the policy's behaviour depends on
+                    (normalization.json, policy_io.json, the tokenizer copy: the writer names them), null for one
+                    the export does not have
 
 `verify_export` re-reads the header and hashes the whole file (~1-2 GB/s: seconds for pi0.5's 3B weights, against
-minutes of evaluation that would otherwise run on wrong ones). Every failure is a one-line NotACheckpointError.
+minutes of evaluation that would otherwise run on wrong ones), then the side files. Every failure is a one-line
+NotACheckpointError.
+
+The side-file rule: an export.json with `side_files` (every export written since they are recorded) is whole only
+when each file it names with a hash is there with that hash and each file it names with null is absent (a
+statistics or tokenizer file dropped in afterwards changes the policy as much as an edited one). An export.json
+without `side_files` (an export written before they were recorded) is still read: its weights and config are
+checked as ever, its side files are used as they are, unchecked; exporting the checkpoint again records them.
 """
 
 from __future__ import annotations
@@ -20,8 +30,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -162,9 +174,74 @@ def verify_export(out_dir: str | Path, *, expect_built_from: dict[str, str] | No
             actual = sha256_text(config.read_text())
         except (OSError, UnicodeDecodeError):
             actual = None
+        if actual is None and not config.is_file():
+            raise NotACheckpointError(f"{CONFIG_FILE} is missing", where=str(out_dir), fix=REEXPORT)
         if actual != config_digest:
             raise NotACheckpointError(f"{CONFIG_FILE} differs from the one exported with the weights",
                                       where=str(config), fix=REEXPORT)
+    verify_side_files(out_dir, summary)
     if expect_built_from is not None and summary.get("built_from") != expect_built_from:
         raise NotACheckpointError("an export of another checkpoint or recipe", where=str(out_dir), fix=REEXPORT)
     return summary
+
+
+SIDE_FILES_KEY = "side_files"
+_OWN_FILES = frozenset({WEIGHTS_FILE, CONFIG_FILE, EXPORT_JSON})
+
+
+def side_file_hashes(out_dir: str | Path, names: Iterable[str]) -> dict[str, str | None]:
+    """{name: sha256 of out_dir/name, or None where there is no such file}: export.json's `side_files`."""
+    out_dir = Path(out_dir)
+    hashes: dict[str, str | None] = {}
+    for name in names:
+        check_side_name(name, where=str(out_dir))
+        path = out_dir / name
+        hashes[name] = sha256_file(path) if path.is_file() else None
+    return hashes
+
+
+def verify_side_files(out_dir: str | Path, summary: dict[str, Any]) -> None:
+    """The side files of an export are what export.json recorded (the rule in the module doc); nothing to check
+    for an export.json from before they were recorded."""
+    out_dir = Path(out_dir)
+    recorded = summary.get(SIDE_FILES_KEY)
+    if recorded is None:
+        return
+    where = str(out_dir / EXPORT_JSON)
+    if not isinstance(recorded, dict):
+        raise NotACheckpointError(f"{SIDE_FILES_KEY} is not a JSON object", where=where, fix=REEXPORT)
+    for name, digest in recorded.items():
+        check_side_name(name, where=where)
+        if digest is not None and not (isinstance(digest, str) and _SHA256_RE.match(digest)):
+            raise NotACheckpointError(f"{SIDE_FILES_KEY}[{name!r}] is neither a sha256 nor null", where=where,
+                                      fix=REEXPORT)
+        path = out_dir / name
+        if digest is None:
+            if os.path.lexists(path):
+                raise NotACheckpointError(f"{name} is not part of the export (export.json records that it had none: "
+                                          "added afterwards)", where=str(path),
+                                          fix=f"remove {name}, or {REEXPORT}")
+            continue
+        try:
+            st = path.stat()
+        except OSError:
+            raise NotACheckpointError(f"{name} is missing (export.json recorded it)", where=str(out_dir),
+                                      fix=REEXPORT) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise NotACheckpointError(f"{name} is not a regular file", where=str(path), fix=REEXPORT)
+        try:
+            actual = sha256_file(path)
+        except OSError as exc:
+            raise NotACheckpointError(f"cannot read {name} ({exc.strerror or exc})", where=str(path),
+                                      fix=REEXPORT) from None
+        if actual != digest:
+            raise NotACheckpointError(f"{name} differs from what export.json recorded (sha256 mismatch: edited or "
+                                      "replaced after the export)", where=str(path), fix=REEXPORT)
+
+
+def check_side_name(name: Any, *, where: str) -> None:
+    """A side file is a plain file name beside the weights: never a path (export.json may come from anyone)."""
+    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
+            or "\0" in name or name in _OWN_FILES):
+        raise NotACheckpointError(f"{SIDE_FILES_KEY} names {name!r}, which is not a side file's name", where=where,
+                                  fix=REEXPORT)

@@ -14,6 +14,13 @@ for markers. `latest` is for people and tools (`--ckpt RUN/checkpoints/$(cat RUN
 small file rather than a symlink because symlinks do not survive every copy of a run directory (object stores,
 `cp -r` to some filesystems, archives), and a file replaced with os.replace is just as atomic.
 
+A folder's step is its own record, not only its name: the marker (and trainer.json) hold the step that was saved,
+and `checkpoint_step` refuses a folder whose name says another (a `step-8` holding step 4's checkpoint would make a
+resume skip steps 5-8). Folder names go through one parser, rundir.parse_step, for the planner and the loader
+alike: `step-N` exactly as step_name writes it. A near miss (`step-0004`, `step-+4`, a step past int64) is not a
+step folder; `misnamed` says what is wrong with one, so that a complete checkpoint under such a name is refused
+with its true name rather than passed over in silence.
+
 Everything here is plain filesystem code without collectives: the Checkpointer decides which rank calls it.
 One training job writes a checkpoint folder at a time (Slurm requeues, it never runs two copies of one job), so
 an unmarked folder found when no save is in flight is a crash leftover.
@@ -30,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embodyhpc.rundir import parse_step, replace_atomically, step_name, write_json_atomic
+from embodyhpc.rundir import MAX_STEP, STEP_PREFIX, parse_step, replace_atomically, step_name, write_json_atomic
 
 MARKER = ".complete"
 LATEST = "latest"
@@ -38,6 +45,7 @@ TRAINER_JSON = "trainer.json"
 RNG_DIR = "rng"
 PINS_DIR = "pins"
 _RETIRING_PREFIX = ".retiring-"  # folders renamed away before deletion: invisible to readers at once
+MAX_RECORD_BYTES = 1 << 20  # a marker or trainer.json of ours is a few KiB (trainer.json holds the sampler state)
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,8 @@ class Listing:
 
     complete: list[int]
     incomplete: list[int]
+    misnamed: tuple[str, ...] = ()
+    """Folders named like a step but not as step_name writes one (`misnamed`), by name."""
 
     @property
     def newest_complete(self) -> int | None:
@@ -67,13 +77,89 @@ def is_complete(folder: Path) -> bool:
 def list_steps(root: Path) -> Listing:
     complete: list[int] = []
     incomplete: list[int] = []
+    misnamed: list[str] = []
     if root.is_dir():
         for entry in root.iterdir():
             step = parse_step(entry.name)
-            if step is None or not entry.is_dir():
+            if not entry.is_dir():
+                continue
+            if step is None:
+                if misnamed_step(entry.name) is not None:
+                    misnamed.append(entry.name)
                 continue
             (complete if is_complete(entry) else incomplete).append(step)
-    return Listing(sorted(complete), sorted(incomplete))
+    return Listing(sorted(complete), sorted(incomplete), tuple(sorted(misnamed)))
+
+
+def misnamed_step(name: str) -> str | None:
+    """Why `name` looks like a step folder and is none (None: it is one, or looks like none): what a person who
+    renamed or copied a folder by hand should know."""
+    if not name.startswith(STEP_PREFIX) or parse_step(name) is not None:
+        return None
+    rest = name[len(STEP_PREFIX):]
+    if rest.isascii() and rest.isdigit():
+        if len(rest) > 1 and rest.startswith("0") and int(rest) <= MAX_STEP:
+            return f"a step written with leading zeros (embodyhpc writes {step_name(int(rest))})"
+        return f"a step past {MAX_STEP} (the largest a checkpoint's step can be: ranks agree on it as int64)"
+    try:
+        int(rest)
+    except ValueError:
+        return None
+    return f"not a step as embodyhpc writes one ({STEP_PREFIX}N: ASCII digits, no sign, space or separator)"
+
+
+def checkpoint_step(folder: Path) -> int:
+    """The step a complete checkpoint folder holds, from its own record (the marker; trainer.json too when there
+    is one), after checking that the folder's name says the same. Refuses (NotACheckpointError, one line) a folder
+    whose records disagree with its name or with each other, or hold no step: training from it would restart at
+    a step it does not hold."""
+    from embodyhpc.checkpoint.errors import NotACheckpointError
+
+    def refuse(problem: str, fix: str = "move this folder out of checkpoints/; resume from a checkpoint whose "
+                                        "folder name and record agree") -> NotACheckpointError:
+        return NotACheckpointError(problem, where=str(folder), fix=fix)
+
+    named = parse_step(folder.name)
+    if named is None:
+        why = misnamed_step(folder.name) or f"not a {STEP_PREFIX}N folder name"
+        raise refuse(why, fix="rename it as embodyhpc writes step folders, or move it out of checkpoints/")
+    recorded = {}
+    for name, required in ((MARKER, True), (TRAINER_JSON, False)):
+        path = folder / name
+        if not path.is_file():
+            if required:
+                raise refuse(f"no {MARKER} marker: not a complete checkpoint")
+            continue
+        step = _recorded_step(path)
+        if isinstance(step, str):
+            raise refuse(f"{name} {step}")
+        if step is not None:
+            recorded[name] = step
+    if not recorded:
+        raise refuse(f"neither {MARKER} nor {TRAINER_JSON} records the step it holds")
+    for name, step in recorded.items():
+        if step != named:
+            raise refuse(f"the folder is named {step_name(named)} but its {name} records step {step} (renamed or "
+                         f"copied by hand?): resuming would claim steps it never trained")
+    return named
+
+
+def _recorded_step(path: Path) -> int | str | None:
+    """The "step" of a JSON record; None when it has none; a string saying what is wrong otherwise."""
+    try:
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            return f"is larger than {MAX_RECORD_BYTES >> 20} MiB: not a record embodyhpc writes"
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return f"is unreadable ({exc.strerror if isinstance(exc, OSError) else 'not valid JSON'})"
+    if not isinstance(data, dict):
+        return "is not a JSON object"
+    if "step" not in data:
+        return None
+    step = data["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+        return f"records step {str(step)[:40]!s}, not a whole number from 0 to {MAX_STEP}"
+    return step
 
 
 def write_marker(folder: Path, info: dict[str, Any]) -> None:

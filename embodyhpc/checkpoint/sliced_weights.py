@@ -10,7 +10,8 @@ layout checks (the adapter's plan_load) run on every rank; the ranks agree on th
 written, so an error is raised on every rank and none is left waiting in a collective. Floating tensors are cast to
 the model's dtypes; a non-floating tensor where the model has a floating one is refused, naming the key.
 The source is a published checkpoint in the adapter's layout (pi0.5: openpi / LeRobot; a file, a folder with
-model.safetensors, or a sharded index) or an embodyhpc export (a folder with model.safetensors in our own names).
+model.safetensors, or a sharded index, whose shards must be plain file names beside it: "../x" or "/abs" is refused
+before any rank opens it) or an embodyhpc export (a folder with model.safetensors in our own names).
 Saving: `get_model_state_dict(full_state_dict=True, cpu_offload=True)` gathers full tensors to rank 0's CPU, which
 converts and writes them; every rank returns after a barrier.
 """
@@ -127,8 +128,8 @@ def _plan(model: nn.Module, path: str | Path, targets: dict[str, torch.Tensor], 
           strict: bool) -> tuple[SafetensorsCheckpoint, LoadReport, list[tuple[KeyRule, str]]]:
     name = str(path)
     try:
-        source = SafetensorsCheckpoint(path)
-    except FileNotFoundError:
+        source = SafetensorsCheckpoint(path)  # refuses an index naming a shard outside its folder (weights_io)
+    except (FileNotFoundError, WeightsLayoutError):
         raise
     except Exception as exc:  # safetensors' own error type for a damaged header
         raise WeightsLayoutError(f"{name}: not a readable safetensors checkpoint ({exc})") from None

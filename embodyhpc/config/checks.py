@@ -52,14 +52,24 @@ def no_control_chars(key: str, value: str | None) -> None:
                           fix="write the value on one line")
 
 
+SLURM_TIME_MAX_S = 2**31 - 1
+"""Slurm reads a time limit into a 32-bit count of seconds (parse_time.c): past it sbatch misreads it."""
+
+
 def slurm_time_minutes(key: str, value: str) -> int:
     """Parse a Slurm time limit into whole minutes (rounded up).
 
-    Accepted, as sbatch --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+    Accepted, as sbatch --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S. Refused: UNLIMITED / INFINITE / -1 (sbatch takes
+    them, but a job without a limit gets no warning signal before it ends, and the partition's MaxTime applies
+    anyway) and limits past Slurm's 32-bit count of seconds.
     """
     text = str(value).strip()
     fix = "use Slurm's format, e.g. 90 (minutes), 04:00:00 or 2-00:00:00"
-    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if text.lower() in ("unlimited", "infinite", "-1"):
+        raise ConfigError(f"{value!r} means no time limit: the job could never be warned (resources.signal_delay_s) "
+                          "before the partition's MaxTime ends it", key=key,
+                          fix="write the partition's MaxTime (`scontrol show partition`), e.g. 7-00:00:00")
+    match = re.fullmatch(r"(?:(\d{1,10})-)?(\d{1,10})(?::(\d{1,10}))?(?::(\d{1,10}))?", text)
     if not match:
         raise ConfigError(f"{value!r} is not a Slurm time limit", key=key, fix=fix)
     days, a, b, c = match.groups()
@@ -79,6 +89,9 @@ def slurm_time_minutes(key: str, value: str) -> int:
         raise ConfigError(f"{value!r} has a field out of range", key=key, fix=fix)
     if total_s <= 0:
         raise ConfigError(f"{value!r} is zero", key=key, fix=fix)
+    if total_s > SLURM_TIME_MAX_S:
+        raise ConfigError(f"{value!r} is {total_s} seconds, past the {SLURM_TIME_MAX_S} Slurm can count", key=key,
+                          fix="write the partition's MaxTime (`scontrol show partition`), e.g. 7-00:00:00")
     return -(-total_s // 60)
 
 

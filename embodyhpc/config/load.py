@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from embodyhpc.config import guards
+from embodyhpc.config import credentials, guards
 from embodyhpc.config.coerce import build, field_types
 from embodyhpc.config.resolve import Resolved, resolve
 from embodyhpc.config.schema import SITE_KEYS, Config, JobConfig
@@ -230,7 +230,7 @@ def _short(text: str, limit: int = 100) -> str:
 
 
 def _override_layer(text: str) -> Layer:
-    where = f"override {_short(text)!r}"
+    where = f"override {_short(credentials.redact_override(text))!r}"  # site.env.HF_TOKEN=... is refused, not shown
     key, sep, _ = text.partition("=")
     if not sep or not key or key != key.strip() or any(not part for part in key.split(".")):
         raise ConfigError("overrides are key=value with a dotted key", where=where,
@@ -288,6 +288,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _where(key: str, provenance: dict[str, str]) -> str:
+    key = re.sub(r"\[\d+\]", "", key)  # eval.seeds[0] was set with eval.seeds
     while key:
         if key in provenance:
             return provenance[key]
@@ -316,6 +317,7 @@ def _merge(layers: list[Layer]) -> tuple[dict[str, Any], dict[str, str], set[str
         _check_keys(layer.data, Config, "", layer.where)
         _deep_merge(combined, layer.data)
         for key in (*guards.flatten(layer.data), *layer.keys):
+            provenance.pop(key, None)  # re-inserted: the dict's order is the order of the layers (see _located)
             provenance[key] = layer.where
     missing = {key for key, value in guards.flatten(combined).items() if value == "???"}
     if any(isinstance(v, str) and "${" in v for v in guards.flatten(combined).values()):
@@ -369,6 +371,7 @@ def load_unresolved(recipe: str, overrides: list[str] | tuple[str, ...] = (), si
     what depends on the world size is not (`embodyhpc resume` explains a batch size the new world cannot divide)."""
     source = find_recipe(recipe)
     layers = _recipe_layers(source)
+    frozen = {layer.where for layer in layers} if recipe_site_keys == "keep" else set()
     if recipe_site_keys == "drop":
         layers = [Layer(layer.where, guards.strip_site_only(layer.data), layer.keys) for layer in layers]
     for layer in layers:
@@ -395,6 +398,9 @@ def load_unresolved(recipe: str, overrides: list[str] | tuple[str, ...] = (), si
                                                            if len(missing) > 1 else ""))
     try:
         _check_text(combined, provenance)
+        # a run's own resolved.yaml (resume) is what its jobs already read: only what changes now is checked
+        credentials.check_values(combined, lambda key: _where(key, provenance),
+                                 skip=lambda key: _where(key, provenance) in frozen)
         config = build(Config, combined)
     except ConfigError as exc:
         raise _located(exc, provenance) from exc

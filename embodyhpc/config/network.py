@@ -76,7 +76,7 @@ class NetworkConfig:
         checks.choice("network.nccl_debug", self.nccl_debug, NCCL_DEBUG_LEVELS)
         if self.fabric in ("ethernet", "efa") and self.hcas:
             raise ConfigError(f"fabric {self.fabric!r} does not use RDMA devices", key="network.hcas",
-                              fix="set network.fabric=ib or roce, or remove network.hcas")
+                              related=("network.fabric",), fix="set network.fabric=ib or roce, or remove network.hcas")
         checks.positive("network.heartbeat_timeout_s", self.heartbeat_timeout_s)
         checks.env_names("network.extra_env", dict(self.extra_env))
         nccl_values.check_environment(self.environment(), self.key_of)

@@ -8,8 +8,10 @@ node without /lustre, a laptop rendering for a cluster) cannot be checked: a war
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
+from embodyhpc.config import file_formats
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.errors import ConfigError
 
@@ -36,13 +38,18 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
             key = key.rpartition(".")[0]
         return None
 
-    def check(key: str, value: str, what: str) -> None:
+    def check(key: str, value: str, what: str, form: Callable[[str, Path], None] | None = None) -> None:
         path = Path(value).expanduser()
         if _HUB_ID.match(value) and not path.exists():
             raise ConfigError(f"{value!r} looks like a Hugging Face hub id; jobs read a local {what}", key=key,
                               where=where(key), fix=f"download it to the shared filesystem and set {key}=/path/to/it")
         absolute = path if path.is_absolute() else Path.cwd() / path
         if absolute.exists():
+            if form is not None:  # of the kind the job reads (file_formats: a few bytes, never a device)
+                try:
+                    form(key, absolute)
+                except ConfigError as exc:
+                    raise ConfigError(exc.message, key=key, where=where(key), fix=exc.fix) from None
             return
         if visible_here(absolute):
             raise ConfigError(f"{what} {value!r} does not exist", key=key, where=where(key),
@@ -53,7 +60,7 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
     if training and cfg.data.format != "synthetic" and cfg.data.root:
         check("data.root", cfg.data.root, "dataset")
     if training and cfg.model.init_weights:
-        check("model.init_weights", cfg.model.init_weights, "weights file or folder")
+        check("model.init_weights", cfg.model.init_weights, "weights file or folder", file_formats.check_weights)
     if training and cfg.model.state_norm != "none" and cfg.data.format != "synthetic":
         from embodyhpc.models.checkpoint_assets import NORM_STATS_SETTINGS, check_norm_stats
 
@@ -64,7 +71,7 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
     if replay:
         check("eval.suite_options.replay_dataset", str(replay), "dataset")
     if cfg.model.tokenizer_path:
-        check("model.tokenizer_path", cfg.model.tokenizer_path, "tokenizer file")
+        check("model.tokenizer_path", cfg.model.tokenizer_path, "tokenizer file", file_formats.check_tokenizer)
     elif _carried_tokenizer(cfg, training):
         pass  # the checkpoint's (checked: it loads and fits the model), or the copy beside evaluated weights
     elif needed := _tokenizer_file(cfg.model):
@@ -74,7 +81,14 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
         if submitting:
             raise ConfigError(message, key="model.tokenizer_path", where=where("model.size"), fix=fix)
         warnings.append(f"{message}; submit refuses until it is set ({fix})")
-    return warnings
+    if training:  # what a DataLoader worker would refuse hours later: the recipe against its dataset
+        from embodyhpc.config.data_checks import check_recipe_data
+
+        root = Path(cfg.data.root).expanduser() if cfg.data.root else None
+        warnings += check_recipe_data(cfg, where, dataset_visible=root is not None and root.exists())
+    from embodyhpc.config.limits import warnings as large_values
+
+    return warnings + large_values(cfg)
 
 
 def _carried_tokenizer(cfg, training: bool) -> bool:

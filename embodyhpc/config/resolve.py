@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from embodyhpc.config import nccl_values
+from embodyhpc.config import limits, nccl_values
 from embodyhpc.config.checks import slurm_time_minutes
 from embodyhpc.config.schema import Config
 from embodyhpc.errors import ConfigError
@@ -28,6 +28,7 @@ class Resolved:
 
 
 def resolve(config: Config) -> Resolved:
+    limits.check(config)  # first: an absurd node count is named as such, not as a batch that does not divide
     res, par, train = config.resources, config.parallelism, config.train
     world = res.world_size
     degrees = (f"world_size={world} (resources.nodes={res.nodes} x {res.procs_per_node} per node), "
@@ -78,7 +79,7 @@ def resolve(config: Config) -> Resolved:
         # the default store is sqlite:///<runs_root>/mlflow.db: these characters end the path in a URI or break
         # MLflow's SQL; refused here rather than tracking silently turning off after a traceback at submit
         raise ConfigError(f"contains {' '.join(unsafe)}, which the default MLflow store (sqlite:///<runs_root>/"
-                          "mlflow.db) cannot hold", key="job.runs_root", related=("tracking.enabled",),
+                          "mlflow.db) cannot hold", key="job.runs_root",  # the folder's name is at fault
                           fix="use a folder without these characters, or set tracking.mlflow_uri "
                               "(or tracking.enabled=false)")
     _check_job_environment(config)

@@ -67,7 +67,7 @@ class ResourcesConfig:
         if self.signal_delay_s >= minutes * 60:
             raise ConfigError(
                 f"signal_delay_s={self.signal_delay_s} is not shorter than the time limit "
-                f"{self.time!r}", key="resources.signal_delay_s",
+                f"{self.time!r}", key="resources.signal_delay_s", related=("resources.time",),
                 fix="lower resources.signal_delay_s or raise resources.time")
 
     @property
@@ -86,6 +86,9 @@ class ResourcesConfig:
 
 
 DATA_FORMATS = ("synthetic", "lerobot", "hdf5")
+ON_BAD_SAMPLE = ("error", "skip")
+COLLECTIVE_TIMEOUT_S = 300.0
+"""How long a training rank waits in a collective (its process group and the gloo side group) before failing."""
 
 
 @dataclass(frozen=True)
@@ -104,18 +107,34 @@ class DataConfig:
     """format synthetic only: the least seconds each step of the synthetic stand-in takes, so that a drill of
     preemption, requeue and time limits (tests, cluster bring-up) runs at a known pace on any machine; 0 runs it
     as fast as the machine goes."""
+    on_bad_sample: str = "error"
+    """A sample the dataset cannot read (a corrupt video frame, an unreadable HDF5 chunk): error ends the run with
+    the file and episode named; skip drops it from its micro-batch, names it on the rank's log and counts it
+    (metric data_skipped_samples). Failures of the recipe or the model (a collate error) always end the run."""
+    batch_timeout_s: float = 120.0
+    """The longest a rank waits for one micro-batch from its DataLoader workers before the run fails saying a
+    worker is stuck (a hung file system, a decoder that never returns). Below COLLECTIVE_TIMEOUT_S, so that the
+    stuck rank, not a peer timing out in a collective, names the reason."""
 
     def __post_init__(self) -> None:
         checks.choice("data.format", self.format, DATA_FORMATS)
         if self.format != "synthetic" and not self.root:
-            raise ConfigError(f"format {self.format!r} needs a dataset folder",
-                                     key="data.root", fix="set data.root=/path/to/dataset")
+            raise ConfigError(f"format {self.format!r} needs a dataset folder", key="data.root",
+                              related=("data.format",), fix="set data.root=/path/to/dataset")
         checks.positive("data.num_workers", self.num_workers, allow_zero=True)
         checks.positive("data.prefetch_factor", self.prefetch_factor)
         checks.positive("data.synthetic_step_s", self.synthetic_step_s, allow_zero=True)
+        checks.choice("data.on_bad_sample", self.on_bad_sample, ON_BAD_SAMPLE)
+        checks.positive("data.batch_timeout_s", self.batch_timeout_s)
+        if self.batch_timeout_s >= COLLECTIVE_TIMEOUT_S:
+            raise ConfigError(f"{self.batch_timeout_s:g} s is not below the {COLLECTIVE_TIMEOUT_S:g} s the other "
+                              "ranks wait in a collective: they would fail first, without the stuck rank's reason",
+                              key="data.batch_timeout_s",
+                              fix=f"set data.batch_timeout_s below {COLLECTIVE_TIMEOUT_S:g}")
         if self.synthetic_step_s and self.format != "synthetic":
             raise ConfigError(f"paces the synthetic stand-in only, and data.format is {self.format!r}",
-                              key="data.synthetic_step_s", fix="remove data.synthetic_step_s (or set it to 0)")
+                              key="data.synthetic_step_s", related=("data.format",),
+                              fix="remove data.synthetic_step_s (or set it to 0)")
 
 
 @dataclass(frozen=True)
@@ -310,6 +329,9 @@ class CheckpointConfig:
 
 
 
+MAX_EVAL_SEED = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     enabled: bool = True
@@ -376,6 +398,14 @@ class EvalConfig:
             raise ConfigError("needs at least one task", key="eval.tasks")
         if not self.seeds:
             raise ConfigError("needs at least one seed", key="eval.seeds")
+        for seed in self.seeds:  # simulators take 32-bit seeds (MetaWorld adds episode // 50 to it)
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_EVAL_SEED:
+                raise ConfigError(f"{seed!r} is not a seed from 0 to {MAX_EVAL_SEED}", key="eval.seeds",
+                                  fix="use seeds such as [0, 1, 2]")
+        if len(set(self.seeds)) != len(self.seeds):
+            twice = next(seed for seed in self.seeds if self.seeds.count(seed) > 1)
+            raise ConfigError(f"seed {twice} is listed twice: its episodes would count twice", key="eval.seeds",
+                              fix="list each seed once")
         unknown = unknown_task(self.suite, list(self.tasks))
         if unknown is not None:
             task, accepted = unknown
@@ -406,8 +436,9 @@ class EvalConfig:
         num_episodes = len(self.tasks) * len(self.seeds) * self.episodes_per_task
         if self.shards > num_episodes:
             raise ConfigError(
-                f"{self.shards} shards for {num_episodes} episodes would leave shards empty",
-                key="eval.shards", fix=f"set eval.shards={num_episodes} or fewer")
+                f"{self.shards} shards for {num_episodes} episodes would leave shards empty", key="eval.shards",
+                related=("eval.tasks", "eval.seeds", "eval.episodes_per_task"),
+                fix=f"set eval.shards={num_episodes} or fewer")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,12 @@
 """Reading recipe YAML, safely.
 
 PyYAML follows YAML 1.1, where `01:30:00` is the base-60 integer 5400: in a recipe that would
-silently turn a 90-minute Slurm time limit into 5400 minutes. Our loader keeps such values
-as strings; everything else is PyYAML's safe loading (C-accelerated where available).
+silently turn a 90-minute Slurm time limit into 5400 minutes. Likewise `010` is 8 (octal) in YAML 1.1 and 10 in
+YAML 1.2, and `0x10`, `0b11`, `1_000` are numbers to one reader and text to another. Our loader reads as numbers
+only what every reader agrees on (plain decimal integers, decimal floats) and keeps the rest as the text written:
+a string field keeps `010` as written, and an integer field refuses it with the decimal to write
+(embodyhpc.config.coerce), from a file and from an override alike. Everything else is PyYAML's safe loading
+(C-accelerated where available).
 
 Recipes are shared between users, so a recipe is hostile input until checked. Before anything is
 built, one pass over libyaml's event stream (iterative: no recursion that deep nesting could
@@ -40,8 +44,8 @@ _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class _RecipeLoader(_Base):  # type: ignore[misc,valid-type]
-    """SafeLoader without YAML 1.1's base-60 numbers: `time: 01:30:00` must stay a string,
-    not become the integer 5400 (which Slurm would read as 5400 minutes). Duplicate keys raise."""
+    """SafeLoader whose numbers are plain decimals only: `time: 01:30:00` stays a string, not the integer 5400
+    (which Slurm would read as 5400 minutes), and `steps: 010` the text "010", not 8. Duplicate keys raise."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -58,17 +62,15 @@ class _RecipeLoader(_Base):  # type: ignore[misc,valid-type]
         return super().construct_mapping(node, deep=deep)
 
 
-def _without_base60(regexp: re.Pattern) -> re.Pattern:
-    """Drop the `1:30`-style alternatives from PyYAML's int/float patterns."""
-    body = regexp.pattern.strip()
-    assert body.startswith("^(?:") and body.endswith(")$"), body  # PyYAML's shape; tested
-    kept = [alt for alt in body[4:-2].split("|") if "(?::[0-5]?[0-9])+" not in alt]
-    return re.compile("^(?:" + "|".join(kept) + ")$", regexp.flags)
-
+# Plain decimals only: no base 60 (1:30), octal (010, 0o10), hexadecimal, binary or digit separators (1_000).
+# A float keeps YAML 1.1's shape (a dot; an exponent with a sign), so `1e3` stays text as before.
+_INT = re.compile(r"^[-+]?(?:0|[1-9][0-9]{0,19})$")  # longer: text (Python refuses to convert 4300+ digits)
+_FLOAT = re.compile(r"^(?:[-+]?[0-9]+\.[0-9]*(?:[eE][-+][0-9]+)?|\.[0-9]+(?:[eE][-+][0-9]+)?"
+                    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+_NUMBER = {"tag:yaml.org,2002:int": _INT, "tag:yaml.org,2002:float": _FLOAT}
 
 _RecipeLoader.yaml_implicit_resolvers = {
-    first: [(tag, _without_base60(regexp) if tag.endswith((":int", ":float")) else regexp)
-            for tag, regexp in resolvers]
+    first: [(tag, _NUMBER.get(tag, regexp)) for tag, regexp in resolvers]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 

@@ -12,6 +12,9 @@ import numpy as np
 
 from embodyhpc.data.errors import DatasetError
 
+DEFAULT_TOLERANCE_S = 1e-4
+"""How far a time may be from a frame and still be that frame (LeRobot's default): offsets, video timestamps."""
+
 
 def delta_steps(delta_timestamps: Mapping[str, Sequence[float]] | None, features: Collection[str], fps: float,
                 tolerance_s: float) -> dict[str, np.ndarray]:

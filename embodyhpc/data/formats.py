@@ -17,12 +17,15 @@ def read_lerobot_info(root: Path) -> dict[str, Any]:
     """meta/info.json of a LeRobot dataset folder."""
     path = root / "meta" / "info.json"
     try:
-        return json.loads(path.read_text())
+        info = json.loads(path.read_text())
     except FileNotFoundError:
         raise DatasetError("no meta/info.json: expected a LeRobot v3.0 dataset folder "
                            "(meta/info.json, meta/episodes/, data/, videos/)", where=str(root)) from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DatasetError(f"invalid JSON: {exc}", where=str(path)) from None
+    if not isinstance(info, dict):
+        raise DatasetError(f"holds a JSON {type(info).__name__}, not an object", where=str(path))
+    return info
 
 
 def check_lerobot_version(root: Path, info: dict[str, Any]) -> None:

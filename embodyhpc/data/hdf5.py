@@ -29,9 +29,10 @@ import torch
 from torch.utils.data import Dataset
 
 from embodyhpc.data.delta import clamp_to_episode, delta_steps
-from embodyhpc.data.errors import DatasetError
+from embodyhpc.data.errors import DatasetError, SampleError
+from embodyhpc.data.facts import HDF5_DEFAULT_FPS
 
-DEFAULT_FPS = 20
+DEFAULT_FPS = HDF5_DEFAULT_FPS
 _INHERITED_FILES: list[Any] = []  # h5py handles a forked child inherited: kept, never closed in the child
 
 
@@ -131,15 +132,23 @@ class HDF5EpisodeDataset(Dataset):
             raise IndexError(f"step {idx} out of range for a dataset of {len(self)} steps")
         episode = int(np.searchsorted(self.episode_ends, idx, side="right"))
         first, end = int(self.episode_starts[episode]), int(self.episode_ends[episode])
-        demo = self._demo(episode)
         item: dict[str, Any] = {}
         pads = {}
-        for key in [*self.obs_keys.values(), "action"]:
-            if key in self.delta_indices:
-                rows, pads[key] = clamp_to_episode(idx, self.delta_indices[key], first, end)
-                item[key] = self._read(demo, key, rows - first)
-            else:
-                item[key] = self._read(demo, key, np.array([idx - first]))[0]
+        key = ""
+        try:
+            demo = self._demo(episode)
+            for key in [*self.obs_keys.values(), "action"]:
+                if key in self.delta_indices:
+                    rows, pads[key] = clamp_to_episode(idx, self.delta_indices[key], first, end)
+                    item[key] = self._read(demo, key, rows - first)
+                else:
+                    item[key] = self._read(demo, key, np.array([idx - first]))[0]
+        except Exception as exc:  # noqa: BLE001 - h5py raises OSError, KeyError, ValueError for damaged files
+            what = f"cannot read {key}" if key else "cannot open the file"
+            raise SampleError(f"episode {episode} (data/{self.demos[episode]}), step {idx - first}: {what} ("
+                              f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]})", where=str(self.path),
+                              fix="restore the file from the dataset's source, or set data.on_bad_sample=skip to "
+                                  "train without the samples it breaks") from exc
         frame = idx - first
         item["timestamp"] = torch.tensor(frame / self.fps, dtype=torch.float32)
         item["frame_index"] = torch.tensor(frame)

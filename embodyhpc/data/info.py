@@ -10,30 +10,55 @@ import os
 from pathlib import Path
 from typing import Any
 
+from embodyhpc.data.errors import DatasetError
 from embodyhpc.data.formats import detect_format, read_lerobot_info
 
 
 def dataset_info(root: str | os.PathLike) -> dict[str, Any]:
+    """What the dataset at `root` holds, from its metadata; a DatasetError (one line: the file and what is wrong) for
+    a path that is not a readable dataset: missing, unreadable, a corrupt HDF5 file, metadata missing a key."""
     path = Path(root)
-    fmt = detect_format(path)
-    info = _lerobot(path) if fmt == "lerobot-v3.0" else _hdf5(path)
-    size = path.stat().st_size if path.is_file() else sum(
-        p.stat().st_size for p in path.rglob("*") if p.is_file())
+    try:
+        fmt = detect_format(path)
+        info = _lerobot(path) if fmt == "lerobot-v3.0" else _hdf5(path)
+        size = path.stat().st_size if path.is_file() else sum(
+            p.stat().st_size for p in path.rglob("*") if p.is_file())
+    except OSError as exc:  # permissions, a folder that vanished, an I/O error
+        raise DatasetError(f"cannot read: {exc.strerror or exc}", where=str(exc.filename or path),
+                           fix="check the path and its permissions") from None
     return {"path": str(path), "format": fmt, **info, "size_bytes": size}
 
 
-def _lerobot(root: Path) -> dict[str, Any]:
+def _read_parquet(path: Path, columns: list[str] | None = None) -> Any:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    try:
+        return pq.read_table(path, columns=columns)
+    except FileNotFoundError:
+        raise DatasetError("file missing: a LeRobot v3.0 dataset has it", where=str(path)) from None
+    except (pa.ArrowException, KeyError) as exc:  # not parquet, or a named column that is absent
+        raise DatasetError(f"cannot read parquet: {' '.join(str(exc).split())[:200]}", where=str(path)) from None
+
+
+def _lerobot(root: Path) -> dict[str, Any]:
     meta = read_lerobot_info(root)
+    where = str(root / "meta" / "info.json")
+    missing = [k for k in ("features", "fps", "total_episodes", "total_frames") if k not in meta]
+    if missing:
+        raise DatasetError(f"missing {', '.join(missing)}: not a LeRobot v3.0 info.json", where=where)
+    specs = meta["features"]
+    if not isinstance(specs, dict) or not all(isinstance(v, dict) and "dtype" in v and "shape" in v
+                                              for v in specs.values()):
+        raise DatasetError("must map each feature name to {dtype, shape, ...}", where=where, key="features")
     features = {name: {"dtype": spec["dtype"], "shape": list(spec["shape"]),
-                       **({"codec": spec.get("info", {}).get("video.codec")} if spec["dtype"] == "video" else {})}
-                for name, spec in meta["features"].items()}
-    tasks_table = pq.read_table(root / "meta" / "tasks.parquet")
+                       **({"codec": (spec.get("info") or {}).get("video.codec")} if spec["dtype"] == "video" else {})}
+                for name, spec in specs.items()}
+    tasks_table = _read_parquet(root / "meta" / "tasks.parquet")
     index_col = next((c for c in tasks_table.column_names if c not in ("task_index",)), None)
     tasks = sorted(str(t) for t in tasks_table.column(index_col).to_pylist()) if index_col else []
     episode_files = sorted((root / "meta" / "episodes").rglob("*.parquet"))
-    lengths = [n for f in episode_files for n in pq.read_table(f, columns=["length"]).column("length").to_pylist()]
+    lengths = [n for f in episode_files for n in _read_parquet(f, ["length"]).column("length").to_pylist()]
     return {
         "fps": meta["fps"],
         "robot_type": meta.get("robot_type"),
@@ -49,12 +74,27 @@ def _lerobot(root: Path) -> dict[str, Any]:
 def _hdf5(path: Path) -> dict[str, Any]:
     import h5py
 
-    with h5py.File(path, "r") as f:
-        demos = sorted(f["data"])
-        lengths = [int(f["data"][d]["actions"].shape[0]) for d in demos]
-        first = f["data"][demos[0]] if demos else None
+    try:
+        file = h5py.File(path, "r")
+    except OSError as exc:
+        raise DatasetError(f"cannot open as HDF5: {' '.join(str(exc).split())}", where=str(path),
+                           fix="point at an HDF5 file (robomimic/LIBERO layout) or a LeRobot v3.0 folder") from None
+    with file as f:
+        data = f.get("data")
+        if not isinstance(data, h5py.Group):
+            raise DatasetError("no 'data' group: expected the robomimic/LIBERO layout data/demo_<i>/{obs/...,actions}",
+                               where=str(path))
+        demos = sorted(data)
+        lacking = next((d for d in demos if not isinstance(data[d], h5py.Group)
+                        or not isinstance(data[d].get("actions"), h5py.Dataset)), None)
+        if lacking is not None:
+            raise DatasetError(f"data/{lacking} has no 'actions' array", where=str(path))
+        lengths = [int(data[d]["actions"].shape[0]) for d in demos]
+        first = data[demos[0]] if demos else None
+        observations = first.get("obs") if first is not None else None
         features = {} if first is None else {
-            **{f"obs/{k}": {"dtype": str(v.dtype), "shape": list(v.shape[1:])} for k, v in first["obs"].items()},
+            **({f"obs/{k}": {"dtype": str(v.dtype), "shape": list(v.shape[1:])} for k, v in observations.items()
+                if isinstance(v, h5py.Dataset)} if isinstance(observations, h5py.Group) else {}),
             "actions": {"dtype": str(first["actions"].dtype), "shape": list(first["actions"].shape[1:])}}
     return {"num_episodes": len(demos), "num_frames": sum(lengths),
             "episode_length": {"min": min(lengths), "max": max(lengths)} if lengths else None,

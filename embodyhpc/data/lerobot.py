@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import Dataset
 
 from embodyhpc.data.delta import clamp_to_episode, delta_steps
-from embodyhpc.data.errors import DatasetError
+from embodyhpc.data.errors import DatasetError, SampleError
 from embodyhpc.data.formats import check_lerobot_version, read_lerobot_info
 from embodyhpc.data.video import DEFAULT_TOLERANCE_S, FrameDecoder, make_frame_decoder
 
@@ -43,8 +43,9 @@ def _read_parquet(path: Path, columns: Sequence[str] | None = None) -> pa.Table:
         table = pq.read_table(path, columns=list(columns) if columns is not None else None)
     except FileNotFoundError:
         raise DatasetError("file missing (meta/episodes names it)", where=str(path)) from None
-    except (pa.ArrowInvalid, KeyError) as exc:  # a named column that is absent raises ArrowInvalid
-        raise DatasetError(f"cannot read parquet: {exc}", where=str(path)) from None
+    except (pa.ArrowException, OSError, KeyError) as exc:  # truncated, not parquet, or a named column is absent
+        raise DatasetError(f"cannot read parquet: {' '.join(str(exc).split())[:300]}", where=str(path),
+                           fix="restore the file from the dataset's source (it is truncated or not parquet)") from None
     return table
 
 
@@ -102,7 +103,13 @@ class LeRobotV3Dataset(Dataset):
             raise DatasetError("no meta/episodes/chunk-*/file-*.parquet", where=str(self.root))
         columns = [*_EPISODE_COLUMNS, *(f"videos/{k}/{c}" for k in self.video_keys for c in _VIDEO_COLUMNS)]
         for path in files:
-            missing = sorted(set(columns) - set(pq.read_schema(path).names))
+            try:
+                names = pq.read_schema(path).names
+            except (pa.ArrowException, OSError) as exc:
+                raise DatasetError(f"cannot read parquet: {' '.join(str(exc).split())[:300]}", where=str(path),
+                                   fix="restore the file from the dataset's source (it is truncated or not "
+                                       "parquet)") from None
+            missing = sorted(set(columns) - set(names))
             if missing:
                 raise DatasetError(f"missing columns {missing}", where=str(path))
         table = pa.concat_tables([_read_parquet(p, columns) for p in files])
@@ -177,11 +184,27 @@ class LeRobotV3Dataset(Dataset):
             from_s = float(self._episodes[f"videos/{key}/from_timestamp"][episode_row])
             # Stored frame timestamps (float32 in the parquet), shifted into the concatenated file.
             frame_s = self._timestamps_s[rows[key]] if key in rows else self._timestamps_s[idx:idx + 1]
-            frames = self.decoder.decode(self.video_path(key, episode_row), from_s + frame_s)
+            frames = self._decode(key, episode_row, idx, from_s + frame_s)
             frames = frames.to(torch.float32).div_(255)  # (T, C, H, W)
             item[key] = frames if key in rows else frames[0]
         item["task"] = self._tasks[int(item["task_index"])]
         return item
+
+    def _decode(self, key: str, episode_row: int, idx: int, times_s: np.ndarray) -> torch.Tensor:
+        """The frames of camera `key` at `times_s`; a SampleError naming the file, episode and frame if the video
+        cannot give them (truncated, corrupt, timestamps that do not match it)."""
+        path = self.video_path(key, episode_row)
+        try:
+            return self.decoder.decode(path, times_s)
+        except Exception as exc:  # noqa: BLE001 - decoders raise their own types (torchcodec, PyAV, FFmpeg)
+            cause = " ".join(str(exc).split()).replace(f"{path}: ", "")
+            episode = int(self._episodes["episode_index"][episode_row])
+            frame = idx - int(self._episodes["dataset_from_index"][episode_row])
+            raise SampleError(f"episode {episode}, frame {frame} (index {idx}): cannot decode {key} at t="
+                              f"{[round(float(t), 6) for t in np.atleast_1d(times_s)]} s ({type(exc).__name__}: "
+                              f"{cause[:300]})", where=str(path),
+                              fix="re-encode or restore this video file, or set data.on_bad_sample=skip to train "
+                                  "without the samples it breaks") from exc
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(root={str(self.root)!r}, frames={len(self)}, episodes={self.num_episodes}, "

@@ -15,6 +15,7 @@ whatever dataset it can find.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,9 +99,43 @@ class StateNormalizer:
 
     @classmethod
     def load(cls, folder: str | os.PathLike) -> StateNormalizer | None:
-        """The normaliser saved in an export folder; None when the folder has none (trained without)."""
+        """The normaliser saved in an export folder; None when the folder has none (trained without). A file that
+        is there but unreadable, of the wrong shape or holding a NaN, an infinity or a negative scale is a
+        UserError naming the file and the field: a policy fed such states acts on garbage (NaN actions)."""
         path = Path(folder) / NORM_FILE
-        if not path.is_file():
+        if not os.path.lexists(path):
             return None
-        data = json.loads(path.read_text())
-        return cls(data["key"], data["mode"], tuple(data["offset"]), tuple(data["scale"]))
+        fix = "export the checkpoint again (it copies the statistics training used), or repair the file"
+        try:
+            data = json.loads(path.read_text())  # NaN and Infinity parse: the check below names the field
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise UserError(f"unreadable ({type(exc).__name__}: {str(exc)[:120]})", where=str(path), fix=fix) from None
+        if not isinstance(data, dict):
+            raise UserError("not a JSON object", where=str(path), fix=fix)
+        missing = [k for k in ("key", "mode", "offset", "scale") if k not in data]
+        if missing:
+            raise UserError(f"no {missing[0]!r} entry", where=str(path), key=missing[0], fix=fix)
+        if not isinstance(data["key"], str) or not data["key"]:
+            raise UserError(f"not a feature name ({data['key']!r})", where=str(path), key="key", fix=fix)
+        if data["mode"] not in NORM_MODES:
+            raise UserError(f"{data['mode']!r} is not one of {', '.join(NORM_MODES)}", where=str(path), key="mode",
+                            fix=fix)
+        offset, scale = (_finite_vector(data[k], path, k, fix) for k in ("offset", "scale"))
+        if len(offset) != len(scale):
+            raise UserError(f"{len(offset)} values, scale has {len(scale)}", where=str(path), key="offset", fix=fix)
+        if data["mode"] != "none" and not offset:
+            raise UserError(f"mode {data['mode']} with no statistics", where=str(path), key="offset", fix=fix)
+        negative = next((i for i, v in enumerate(scale) if v < 0), None)
+        if negative is not None:
+            raise UserError(f"{scale[negative]} is negative", where=str(path), key=f"scale[{negative}]", fix=fix)
+        return cls(data["key"], data["mode"], offset, scale)
+
+
+def _finite_vector(values: Any, path: Path, key: str, fix: str) -> tuple[float, ...]:
+    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               for v in values):
+        raise UserError(f"not a list of numbers ({str(values)[:60]})", where=str(path), key=key, fix=fix)
+    bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+    if bad is not None:
+        raise UserError(f"{values[bad]} is not finite", where=str(path), key=f"{key}[{bad}]", fix=fix)
+    return tuple(float(v) for v in values)

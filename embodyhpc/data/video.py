@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-DEFAULT_TOLERANCE_S = 1e-4
+from embodyhpc.data.delta import DEFAULT_TOLERANCE_S
+
 DEFAULT_CACHE_SIZE = 8
 
 # Decoder handles a forked child inherited from its parent. They are kept referenced, never freed: freeing

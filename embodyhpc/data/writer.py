@@ -57,8 +57,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embodyhpc.data.errors import DatasetError
+from embodyhpc.data.output_dir import WRITING_MARKER, check_output_dir, not_replaceable
+from embodyhpc.errors import RunFailure
 
-__all__ = ["CODEBASE_VERSION", "DEFAULT_FEATURES", "LeRobotWriter", "VideoOptions", "dataset_size_bytes"]
+__all__ = ["CODEBASE_VERSION", "DEFAULT_FEATURES", "WRITING_MARKER", "LeRobotWriter", "NoEpisodesError",
+           "VideoOptions", "dataset_size_bytes", "not_replaceable"]
 
 CODEBASE_VERSION = "v3.0"
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -75,6 +78,12 @@ DEFAULT_FEATURES: dict[str, dict[str, Any]] = {
     "task_index": {"dtype": "int64", "shape": [1], "names": None},
 }
 _NUMERIC_DTYPES = ("float32", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+class NoEpisodesError(RunFailure, ValueError):
+    """`close()` of a writer given no episode (e.g. every episode failed and failed ones are dropped): a runtime
+    outcome the CLI reports on one line (exit 1); a ValueError for callers that caught one before."""
+
 
 # codec name in info.json -> (PyAV encoder, default CRF, default preset). AV1 settings are LeRobot's defaults.
 # CRF 18 for h264, not FFmpeg's 23: small robot images lose detail fast (64 px MetaWorld renders: mean error
@@ -134,6 +143,8 @@ def _check_features(features: Mapping[str, Mapping[str, Any]]) -> dict[str, dict
         if dtype == "video":
             if len(shape) != 3 or shape[2] != 3:
                 raise ValueError(f"feature {key!r}: a video's shape is [height, width, 3], got {shape}")
+            if min(shape[:2]) < 2:
+                raise ValueError(f"feature {key!r}: a video's height and width are >= 2 pixels, got {shape[:2]}")
             if shape[0] % 2 or shape[1] % 2:
                 raise ValueError(f"feature {key!r}: yuv420p video needs an even height and width, got {shape[:2]}")
             names = names or ["height", "width", "channels"]
@@ -301,17 +312,8 @@ class LeRobotWriter:
         only once the new one is complete (it is written beside it, then swapped in): a failed run loses nothing.
         Anything else is refused, with or without `overwrite`."""
         self._final_root: Path | None = None
-        if self.root.is_symlink() or (self.root.exists() and not self.root.is_dir()):
-            raise DatasetError("exists and is not a folder" + (" (a symbolic link)" if self.root.is_symlink() else ""),
-                               where=str(self.root), key="out", fix="pick a new path for the dataset")
-        if self.root.is_dir() and any(self.root.iterdir()):
-            if not overwrite:
-                raise DatasetError("folder exists and is not empty", where=str(self.root), key="out",
-                                   fix="pick a new path, or pass --overwrite to replace the dataset in it")
-            why = not_replaceable(self.root)
-            if why:
-                raise DatasetError(f"--overwrite refused: {why}", where=str(self.root), key="out",
-                                   fix="pick a new path (or delete that folder yourself if it really should go)")
+        check_output_dir(self.root, overwrite=overwrite)
+        if self.root.is_dir() and any(self.root.iterdir()):  # with overwrite, a dataset of ours (checked above)
             self._final_root = self.root
             self.root = self.root.parent / f".{self.root.name}.writing-{os.getpid()}"
             shutil.rmtree(self.root, ignore_errors=True)
@@ -455,7 +457,7 @@ class LeRobotWriter:
         if self._closed:
             return self.root
         if not self._episodes:
-            raise ValueError(f"{self.root}: no episodes were added; nothing to write")
+            raise NoEpisodesError(f"{self.root}: no episodes were added; nothing to write")
         self._closed = True
         self._flush_data()
         for writer in self._videos.values():
@@ -558,32 +560,6 @@ class LeRobotWriter:
             "video_path": VIDEO_PATH if self.video_keys else None,
             "features": features,
         }
-
-
-WRITING_MARKER = ".embodyhpc-writing"  # in a dataset folder this writer has not finished
-_WRITTEN_ENTRIES = {"meta", "data", "videos", WRITING_MARKER}
-
-
-def not_replaceable(root: Path) -> str | None:
-    """Why `root` is not a dataset folder this writer wrote (so --overwrite must not delete it); None if it is."""
-    resolved = root.resolve()
-    if resolved == Path(resolved.anchor) or resolved == Path.home().resolve():
-        return "it is the filesystem root or your home folder"
-    if resolved == Path.cwd().resolve() or resolved in Path.cwd().resolve().parents:
-        return "it holds the current folder"
-    others = sorted(p.name for p in root.iterdir() if p.name not in _WRITTEN_ENTRIES)
-    if others:
-        return f"it holds {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}, which no dataset of ours has"
-    if (root / WRITING_MARKER).is_file():
-        return None  # an unfinished dataset of ours
-    info = root / "meta" / "info.json"
-    try:
-        version = json.loads(info.read_text()).get("codebase_version")
-    except (OSError, ValueError, AttributeError):
-        return f"no readable {info.relative_to(root)}: not a LeRobot dataset"
-    if version != CODEBASE_VERSION:
-        return f"meta/info.json says codebase_version {str(version)[:20]!r}, not {CODEBASE_VERSION!r}"
-    return None
 
 
 def dataset_size_bytes(root: str | os.PathLike) -> int:

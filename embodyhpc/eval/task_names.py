@@ -1,8 +1,9 @@
-"""The task names of the shipped suites, without importing a simulator: `validate` checks eval.tasks against them
-(an unknown task would otherwise fail the evaluation array after hours of training). A test compares these lists
-with the simulators' own (tests/eval/test_task_names.py). Suites a site registers are checked when their factory
-lists its names (a `task_names` attribute, eval/suites.py suite_task_names); LIBERO task file names are checked by
-the suite (they need the libero package)."""
+"""The task names, cameras and action sizes of the shipped suites, without importing a simulator: `validate` checks
+eval.tasks against them (an unknown task would otherwise fail the evaluation array after hours of training), and
+`eval --ckpt` checks that the suite renders every camera the weights were trained on and takes actions of their size
+(embodyhpc.eval.policy_files). A test compares these lists with the simulators' own (tests/eval/test_task_names.py).
+Suites a site registers are checked when their factory lists them (`task_names`, `camera_names` and `action_dim`
+attributes, eval/suites.py); LIBERO task file names are checked by the suite (they need the libero package)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ METAWORLD_GROUPS = ("MT10", "MT50")
 PUSHT_TASKS = ("pusht", "pusht-v0", "gym_pusht/pusht-v0")  # compared case-insensitively, as the suite does
 LIBERO_BENCHMARKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
 """Tasks per LIBERO benchmark; "libero" means the first four (the suites the field reports)."""
+
+METAWORLD_CAMERAS = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
+SUITE_CAMERAS = {"metaworld": METAWORLD_CAMERAS, "pusht": ("top",), "libero": ("image", "image2", "wrist_image")}
+"""The camera names each shipped suite renders as observation.images.<name> (MetaWorld: every task's model has
+these; LIBERO: image = agentview, image2 and wrist_image = the wrist camera)."""
+SUITE_ACTION_DIMS = {"metaworld": 4, "pusht": 2, "libero": 7}
+"""The size of the action every task of a shipped suite takes."""
 
 
 def unknown_task(suite: str, tasks: list[str]) -> tuple[str, list[str]] | None:
@@ -57,3 +65,31 @@ def _libero_task(task: str) -> bool:
     if bench not in LIBERO_BENCHMARKS or not which:
         return False
     return int(which) < LIBERO_BENCHMARKS[bench] if which.isdigit() else True  # names: checked by the suite
+
+
+def suite_cameras(suite: str) -> tuple[str, ...] | None:
+    """The camera names `suite` renders; None when a registered suite does not list them (`camera_names`)."""
+    if suite in SUITE_CAMERAS:
+        return SUITE_CAMERAS[suite]
+    return _registered(suite, "camera_names", lambda names: tuple(str(n) for n in names))
+
+
+def suite_action_dim(suite: str) -> int | None:
+    """The action size every task of `suite` takes; None when a registered suite does not say (`action_dim`)."""
+    if suite in SUITE_ACTION_DIMS:
+        return SUITE_ACTION_DIMS[suite]
+    return _registered(suite, "action_dim", int)
+
+
+def _registered(suite: str, attribute: str, convert):
+    from embodyhpc.eval.suites import suite_factory
+
+    try:
+        value = getattr(suite_factory(suite), attribute, None)
+    except ValueError:  # not registered: eval.suite's own check names it
+        return None
+    try:
+        value = value() if callable(value) else value
+        return None if value is None else convert(value)
+    except (TypeError, ValueError):  # e.g. an instance property: not a statement about the suite
+        return None

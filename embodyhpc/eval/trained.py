@@ -10,7 +10,8 @@ image size, real action dims) and, when training read a tokenizer file, its copy
 tokenizer.json), which the policy then reads whatever the recipe's model.tokenizer_path says. Loading is the same
 for every model: the weights are checked against export.json and against the model the recipe builds, then
 `model_spec(config.model.name).inference` acts with them (pi0.5: embodyhpc/models/pi05/inference.py, which also
-serves a batched shard: `act_batch`).
+serves a batched shard: `act_batch`). The side files are checked first against export.json's hashes and then against
+the recipe (eval/policy_files.py): a broken or contradicting one is one line, not NaN actions.
 
 Placement (`inference_placement`): a shard with a GPU (eval.gpus_per_task) runs the policy there in bf16, a CPU
 shard in fp32; the runner feeds the model on the device its parameters are on. Whatever the training precision, the
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from embodyhpc.models.checkpoint_assets import TOKENIZER_FILES
-from embodyhpc.rundir import read_policy_io
 
 __all__ = ["TOKENIZER_FILES", "inference_placement", "load_trained_policy", "with_export_tokenizer"]
 
@@ -52,7 +52,7 @@ def load_trained_policy(export_dir: str | os.PathLike, *, execute_steps: int, de
     import torch
 
     from embodyhpc.checkpoint.export import load_checked_export
-    from embodyhpc.data.normalize import StateNormalizer
+    from embodyhpc.eval.policy_files import check_policy_files, find_side_files
     from embodyhpc.models import build_model, model_spec
 
     if threads:
@@ -64,8 +64,8 @@ def load_trained_policy(export_dir: str | os.PathLike, *, execute_steps: int, de
     model.load_state_dict(weights, strict=True)
     device, dtype = inference_placement(gpus)
     model.to(device=device, dtype=dtype)
-    normalizer = StateNormalizer.load(export_dir) or StateNormalizer(config.model.state_key, "none")
-    dims = read_policy_io(export_dir).get("action_dim") or config.model.action_dim
+    side = check_policy_files(find_side_files([export_dir]), config.model, where=str(export_dir))  # as eval --ckpt
+    normalizer, dims = side.normalizer, side.action_dim or config.model.action_dim
     runner = model_spec(config.model.name).load("inference")
     policy = runner(model, config, normalizer=normalizer, execute_steps=execute_steps, denoise_steps=denoise_steps,
                     num_action_dims=dims)

@@ -2,14 +2,16 @@
 (`embodyhpc eval --ckpt RUN/checkpoints/step-N`, and every evaluation of a checkpoint while training runs).
 
 One process reads the complete DCP folder (model entries only, no collectives) and writes the run's
-exports/step-N/ (model.safetensors, config.yaml = the run's resolved recipe, export.json last), plus the files
-that tell an evaluation how the policy was fed in training (normalization.json, policy_io.json, the tokenizer copy:
-the training job writes them next to its checkpoints when it starts; runs from before that have them in export/).
-A folder that is already whole (export.json present) is not written again. Whatever happens, it then removes this
-evaluation's pin from the checkpoint, so that the training run's retention may delete it later.
+exports/step-N/ (model.safetensors, config.yaml = the run's resolved recipe, the files that tell an evaluation how
+the policy was fed in training: normalization.json, policy_io.json, the tokenizer copy, which the training job
+writes next to its checkpoints when it starts (runs from before that have them in export/), and export.json last,
+with the sha256 of each). A folder that is already whole (export.json present) is not written again. Whatever
+happens, it then removes this evaluation's pin from the checkpoint, so that the training run's retention may delete
+it later.
 
-Before anything is written the checkpoint must be readable (metadata, shard sizes) and its model must fit the
-model of both the run's recipe and the evaluation's: another model size or action_dim is refused in one line.
+Before anything is written the checkpoint must be readable (metadata, shard sizes), its model must fit the
+model of both the run's recipe and the evaluation's (another model size or action_dim is refused in one line), and
+its side files must hold what the run's recipe says (eval/policy_files.py: no NaN statistics, no other state key).
 The export is keyed by what it is built from (integrity.built_from: the checkpoint's metadata and marker, and
 the recipe): exports/step-N is reused only when it is whole, unchanged and built from exactly this; it is written
 only when it does not exist yet. Otherwise (an export of something else is there, it is damaged, or the source
@@ -20,20 +22,17 @@ which the shards then read (launch.eval.weights_dir).
 from __future__ import annotations
 
 import errno
-import shutil
 from pathlib import Path
 from typing import Any
 
 from embodyhpc.checkpoint import layout
 from embodyhpc.checkpoint.errors import NotACheckpointError
 from embodyhpc.config.load import load_resolved
-from embodyhpc.data.normalize import NORM_FILE
-from embodyhpc.eval.trained import TOKENIZER_FILES
-from embodyhpc.evaluate import checkpoint_export_dir, evaluated_checkpoint
-from embodyhpc.rundir import CHECKPOINTS_DIR, EXPORT_DIR, POLICY_IO_FILE, RESOLVED_YAML
+from embodyhpc.eval.policy_files import SIDE_FILES, check_policy_files, find_side_files
+from embodyhpc.evaluate import SIDE_FILE_DIRS, checkpoint_export_dir, evaluated_checkpoint
+from embodyhpc.rundir import EXPORT_DIR, RESOLVED_YAML
 
-SIDE_FILES = (NORM_FILE, POLICY_IO_FILE, *TOKENIZER_FILES)
-SIDE_FILE_DIRS = (CHECKPOINTS_DIR, EXPORT_DIR)  # where a training run keeps them: first found wins
+__all__ = ["SIDE_FILES", "SIDE_FILE_DIRS", "export_checkpoint", "export_task"]
 
 
 def export_task(run_dir: str) -> dict:
@@ -73,6 +72,9 @@ def export_checkpoint(checkpoint: Path, *, eval_run: Path | None = None, eval_co
         check_fits(entries, eval_config.model, where=str(checkpoint),
                    built_with=f"this evaluation's recipe ({eval_run / RESOLVED_YAML})")
     key = built_from(checkpoint, config_yaml)
+    side_files = find_side_files([source_run / name for name in SIDE_FILE_DIRS])
+    # broken statistics are refused here, not in every shard
+    check_policy_files(side_files, source_config.model, where=str(source_run / SIDE_FILE_DIRS[0]))
     own = eval_run / EXPORT_DIR if eval_run is not None else None
     out, written, why = canonical, False, ""
     if (canonical / EXPORT_JSON).is_file():
@@ -83,7 +85,7 @@ def export_checkpoint(checkpoint: Path, *, eval_run: Path | None = None, eval_co
     else:
         try:
             print(f"export: {checkpoint} -> {canonical}", flush=True)
-            export_consolidated(checkpoint, canonical, config_yaml=config_yaml)
+            export_consolidated(checkpoint, canonical, config_yaml=config_yaml, side_files=side_files)
             written = True
         except OSError as exc:
             if exc.errno not in _CANNOT_WRITE:
@@ -95,15 +97,9 @@ def export_checkpoint(checkpoint: Path, *, eval_run: Path | None = None, eval_co
                                       "the evaluation's own folder")
         print(f"export: {why}; exporting into this evaluation's folder: {own}", flush=True)
         out = own
-        export_consolidated(checkpoint, out, config_yaml=config_yaml)
+        export_consolidated(checkpoint, out, config_yaml=config_yaml, side_files=side_files)
         written = True
     elif not written:
         print(f"export: {out} is already whole", flush=True)
-    copied = []
-    if written:
-        for name in SIDE_FILES:
-            found = next((source_run / d / name for d in SIDE_FILE_DIRS if (source_run / d / name).is_file()), None)
-            if found is not None:
-                shutil.copy2(found, out / name)
-                copied.append(name)
+    copied = [name for name, found in side_files.items() if found is not None] if written else []
     return {"checkpoint": str(checkpoint), "export": str(out), "written": written, "side_files": copied}

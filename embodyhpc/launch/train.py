@@ -23,11 +23,13 @@ Every attempt that stops appends one line to logs/train_attempts.jsonl (rank 0).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +90,7 @@ def train_task(run_dir: str) -> dict:
     tracking = observe.RunTracking(config, Path(run_dir), rank=dist_env.rank, local_rank=dist_env.local_rank,
                                    node_rank=dist_env.node_rank)
     device, backend = device_and_backend(config.resources.gpus_per_node, synthetic=data_root is None)
-    with tracking.attempt():
+    with tracking.attempt(), _failure_recorded(Path(run_dir), dist_env.rank):
         # the device is bound (current) before the process group exists; see distributed.rank_device
         with distributed.process_group(dist_env, backend=backend, device=device, run_dir=run_dir) as device:
             hostnames = _gather_hostnames(dist_env.world_size)
@@ -117,6 +119,26 @@ def train_task(run_dir: str) -> dict:
     # late USR2 would then kill a finished task and turn a COMPLETED job into a FAILED one (seen in CI).
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     return result
+
+
+@contextlib.contextmanager
+def _failure_recorded(run_dir: Path, rank: int) -> Iterator[None]:
+    """Rank 0: a training attempt that raised leaves logs/train_result.json saying so, with the error on one line
+    (the one every rank raised when the data failed: train/stream.py), for `status`, the report and MLflow's
+    failure logs. The exception goes on: the job fails with it (exit code 1, run.json FAILED with its last line)."""
+    try:
+        yield
+    except TrainingStopped:
+        raise  # recorded already, with the attempt's result (_end_stopped_attempt)
+    except Exception as exc:
+        if rank == 0:
+            from embodyhpc.data.guard import one_line
+
+            try:
+                write_json_atomic(run_dir / RESULT_FILE, {"status": "failed", "error": one_line(exc)})
+            except OSError as record_exc:  # the record is for people; the job fails with `exc` either way
+                print(f"train: could not record the failure in {RESULT_FILE}: {record_exc}", flush=True)
+        raise
 
 
 # ---- after a stop signal ----

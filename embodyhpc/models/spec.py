@@ -66,6 +66,11 @@ class ModelSpec:
     check: Any = None
     """(model_cfg) -> None, run at validate after the options: the model's own checks of the shared model keys
     (the sizes it has, limits on action_horizon, ...), raising one-line ConfigErrors; it must not import torch."""
+    check_dataset: Any = None
+    """(model_cfg, facts) -> warnings, run at validate when the training dataset is visible from the submitting
+    machine (facts: embodyhpc/data/facts.py DatasetFacts, from metadata only): what the model's collate would refuse
+    in a DataLoader worker hours later (a prompt budget the state and cameras do not fit, a state wider than the
+    model reads), raised now as one-line ConfigErrors; warnings for what it would quietly cut."""
     weights: Any = None
     """A published-weights adapter (checkpoint/sliced_weights.WeightsAdapter) for model.init_weights from a
     published checkpoint; None: model.init_weights reads embodyhpc exports only."""

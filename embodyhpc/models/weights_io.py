@@ -76,7 +76,7 @@ class SafetensorsCheckpoint:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such checkpoint file")
         if path.name.endswith(".json"):
-            weight_map = json.loads(path.read_text())["weight_map"]
+            weight_map = index_weight_map(path)
             files = sorted(set(weight_map.values()))
         else:
             weight_map, files = None, [path.name]
@@ -84,6 +84,12 @@ class SafetensorsCheckpoint:
         self._handles = {name: safe_open(str(path.parent / name), framework="pt", device="cpu") for name in files}
         if weight_map is None:
             weight_map = {key: files[0] for key in self._handles[files[0]].keys()}
+        else:
+            held = {name: set(handle.keys()) for name, handle in self._handles.items()}
+            lost = next((key for key, name in weight_map.items() if key not in held[name]), None)
+            if lost is not None:
+                raise WeightsLayoutError(f"{path}: the index puts {lost} in {weight_map[lost]}, which does not hold "
+                                         "it (an index of another checkpoint, or a shard replaced)")
         self._file_of = weight_map
 
     def keys(self) -> list[str]:
@@ -104,6 +110,29 @@ class SafetensorsCheckpoint:
 
     def dtype(self, key: str) -> str:
         return self._handles[self._file_of[key]].get_slice(key).get_dtype()
+
+
+def index_weight_map(path: Path) -> dict[str, str]:
+    """{tensor name: shard file} of a sharded index (model.safetensors.index.json). Every shard must be a plain file
+    name beside the index: an index is data from whoever published the checkpoint, and a name such as
+    "../../etc/passwd" or "/abs/path" would make every rank open a file outside the checkpoint's folder."""
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise WeightsLayoutError(f"{path}: not a safetensors index (not valid JSON: {type(exc).__name__})") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise WeightsLayoutError(f'{path}: no "weight_map": not a safetensors index')
+    for key, shard in weight_map.items():
+        if not isinstance(shard, str) or not _plain_file_name(shard):
+            raise WeightsLayoutError(f"{path}: the index puts {key} in {shard!r}, which is not a file name beside "
+                                     "the index (a shard outside the checkpoint's folder is never read)")
+    return weight_map
+
+
+def _plain_file_name(name: str) -> bool:
+    return (name not in ("", ".", "..") and "/" not in name and "\\" not in name and "\0" not in name
+            and not Path(name).is_absolute())
 
 
 TensorSource = SafetensorsCheckpoint | Mapping[str, torch.Tensor]

@@ -57,13 +57,20 @@ def submit_smoke(loaded: LoadedRecipe, run_dir: Path, info: RunInfo) -> JobRecor
 def cancel_run(run_dir: Path) -> str:
     """Cancel every job the run started: its chain, then the chains of its evaluations while training (under
     evals/, submitted from inside the training job) and their export jobs. Job ids are checked before scancel
-    sees them (embodyhpc.rundir, embodyhpc.slurm.commands)."""
-    from embodyhpc.errors import RunDirError
-    from embodyhpc.orchestrate.backend_slurm import cancel_chain
+    sees them (embodyhpc.rundir, embodyhpc.slurm.commands). Holds the run's lock meanwhile (embodyhpc.runlock)."""
+    from embodyhpc.runlock import run_lock
 
     info = RunInfo.load(run_dir)
     if info.backend != "slurm":
         return "local runs stop with their `embodyhpc submit` process (Ctrl-C); nothing to cancel"
+    with run_lock(info.run_dir, "embodyhpc cancel"):  # a resume or submit mid-way: refused, naming it
+        return _cancel_locked(RunInfo.load(run_dir))  # read again: the holder before us may have added jobs
+
+
+def _cancel_locked(info: RunInfo) -> str:
+    from embodyhpc.errors import RunDirError
+    from embodyhpc.orchestrate.backend_slurm import cancel_chain
+
     cancelled = cancel_chain(info)  # training first: it asks for no evaluation after this
     lines = [f"cancelled jobs {' '.join(cancelled) or '(none submitted)'}"]
     seen: set[Path] = set()

@@ -168,8 +168,11 @@ class _CheckpointEvals:
 
 
 def _run_array(job: JobSpec, run_dir: Path, ex, record, progress: Progress) -> str:
-    """Run the array's elements, `array_parallelism` at a time; FAILED when any element failed."""
+    """Run the array's elements, `array_parallelism` at a time; FAILED when any element failed, with the first
+    failed shard's own one-line reason (its exception's last line) in the record: what `submit --local` and `eval
+    --local` print, so a user reads why without opening the shard's log."""
     counts: Counter = Counter(PENDING=job.array_size)
+    first_failure: str | None = None
     ids: list[str] = []
     record(job.kind, state="RUNNING", array_counts=dict(counts))
     task = resolve_task(job.task)
@@ -179,8 +182,10 @@ def _run_array(job: JobSpec, run_dir: Path, ex, record, progress: Progress) -> s
         handles = ex.map_array(task, [str(run_dir)] * len(shards), shards)
         ids += [str(h.job_id) for h in handles]
         record(job.kind, job_id=ids[0], element_ids=list(ids))
-        for handle in handles:
-            state, _, _ = _outcome(handle)
+        for shard, handle in zip(shards, handles, strict=True):
+            state, reason, _ = _outcome(handle)
+            if state != "COMPLETED" and first_failure is None:
+                first_failure = f"shard {shard}: {reason}"
             counts["PENDING"] -= 1
             counts[state] += 1
             record(job.kind, array_counts={k: v for k, v in counts.items() if v})
@@ -188,5 +193,5 @@ def _run_array(job: JobSpec, run_dir: Path, ex, record, progress: Progress) -> s
     failed = job.array_size - counts["COMPLETED"]
     state = "COMPLETED" if not failed else "FAILED"
     record(job.kind, state=state, exit_code=0 if not failed else 1,
-           reason=f"{failed} shard(s) failed" if failed else None)
+           reason=f"{failed} shard(s) failed; first, {first_failure}" if failed else None)
     return state

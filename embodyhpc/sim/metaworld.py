@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from embodyhpc.data.writer import LeRobotWriter, VideoOptions, dataset_size_bytes
-from embodyhpc.errors import UserError
+from embodyhpc.errors import RunFailure, UserError
 
 MT10_TASKS = (
     "reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3",
@@ -61,6 +61,9 @@ INSTRUCTIONS = {
     "window-close-v3": "slide the window closed",
 }
 VARIANTS_PER_SEED = 50  # goal variants metaworld.MT1 makes per seed
+MAX_SEED = 2**32 - 1  # MT1 seeds numpy's legacy RandomState; episode e of a task uses seed + e // 50
+CAMERAS = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
+"""The cameras of every MetaWorld v3 task's model (tests/sim/test_metaworld.py compares them with the models)."""
 INSTALL_HINT = ("CPU rendering needs MUJOCO_GL=egl and Mesa's EGL: apt-get install -y --no-install-recommends "
                 "libegl1 libgl1-mesa-dri libopengl0 (or pass cameras=() for state-only demos)")
 
@@ -396,25 +399,18 @@ def generate_demos(out_dir: str | os.PathLike, tasks: Sequence[str] = MT10_TASKS
     tasks: MetaWorld v3 task names (default: the first four of MT10); `known_tasks()` lists them all.
     episodes_per_task: rollouts per task; failed ones are dropped unless keep_failed, so a task may keep fewer.
     seed: decides every goal variant (see `episode_specs`); the same seed writes the same dataset.
-    cameras: MetaWorld camera names ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper",
-        "gripperPOV"); () for a state-only dataset.
-    image_size: square image side in pixels (even).
+    cameras: MetaWorld camera names (`CAMERAS`), each once; () for a state-only dataset.
+    image_size: square image side in pixels (even, >= 2).
     max_steps: step limit per episode (default and upper bound: the task's 500).
     stop_on_success: end an episode at its first successful step (else run to max_steps).
-    num_workers: processes rolling out episodes; the dataset is byte-identical for any number. Workers are
-        spawned, so a script calling this with num_workers > 1 needs the `if __name__ == "__main__":` guard.
+    num_workers: processes rolling out episodes (at most one per episode); the dataset is byte-identical for any
+        number. Workers are spawned, so a script calling this with num_workers > 1 needs the
+        `if __name__ == "__main__":` guard.
     video: codec settings (default h264, keyframe every 2 frames; see embodyhpc.data.writer).
     """
     cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
     tasks = list(tasks)
-    unknown = sorted(set(tasks) - set(known_tasks()))
-    if unknown or not tasks:
-        raise UserError(f"unknown MetaWorld tasks {unknown or tasks}", key="tasks",
-                        fix=f"choose from: {', '.join(known_tasks())}")
-    if episodes_per_task < 1:
-        raise UserError(f"must be >= 1, got {episodes_per_task}", key="episodes_per_task")
-    if max_steps is not None and max_steps < 1:
-        raise UserError(f"must be >= 1, got {max_steps}", key="max_steps")
+    _check_demo_args(tasks, episodes_per_task, seed, cameras, image_size, max_steps, num_workers)
     start = time.perf_counter()
     specs = episode_specs(tasks, episodes_per_task, seed)
     summary = DemoSummary(root=Path(out_dir), num_episodes=0, num_frames=0, num_attempted=0)
@@ -424,7 +420,7 @@ def generate_demos(out_dir: str | os.PathLike, tasks: Sequence[str] = MT10_TASKS
     with bar, writer:
         for episode in expert_episodes(specs, cameras=cameras, image_size=image_size, max_steps=max_steps,
                                        stop_on_success=stop_on_success, render_failed=keep_failed,
-                                       num_workers=num_workers):
+                                       num_workers=min(num_workers, len(specs))):
             name = episode.spec.env_name
             summary.num_attempted += 1
             summary.attempted_by_task[name] = summary.attempted_by_task.get(name, 0) + 1
@@ -440,12 +436,41 @@ def generate_demos(out_dir: str | os.PathLike, tasks: Sequence[str] = MT10_TASKS
             kept, attempted = summary.kept_by_task[name], summary.attempted_by_task[name]
             update(advance=1, description=f"{name}: kept {kept}/{attempted}")
         if writer.num_episodes == 0:
-            raise RuntimeError(f"none of the {summary.num_attempted} expert episodes succeeded within "
+            raise RunFailure(f"none of the {summary.num_attempted} expert episodes succeeded within "
                                f"{max_steps or 'the default'} steps; raise max_steps or pass keep_failed=True")
     summary.num_episodes, summary.num_frames = writer.num_episodes, writer.num_frames
     summary.wall_s = time.perf_counter() - start
     summary.size_bytes = dataset_size_bytes(out_dir)
     return summary
+
+
+def _check_demo_args(tasks: list[str], episodes_per_task: int, seed: int, cameras: tuple[str, ...], image_size: int,
+                     max_steps: int | None, num_workers: int) -> None:
+    """UserError naming the argument, before anything is written (`embodyhpc data synth` checks its options first)."""
+    unknown = sorted(set(tasks) - set(known_tasks()))
+    if unknown or not tasks:
+        raise UserError(f"unknown MetaWorld tasks {unknown or tasks}", key="tasks",
+                        fix=f"choose from: {', '.join(known_tasks())}")
+    twice = sorted({t for t in tasks if tasks.count(t) > 1})
+    if twice:
+        raise UserError(f"{', '.join(twice)} named more than once", key="tasks",
+                        fix="name each task once (episodes_per_task sets how many episodes each gets)")
+    if episodes_per_task < 1:
+        raise UserError(f"must be >= 1, got {episodes_per_task}", key="episodes_per_task")
+    last_seed = seed + (episodes_per_task - 1) // VARIANTS_PER_SEED
+    if seed < 0 or last_seed > MAX_SEED:
+        raise UserError(f"seed {seed} with {episodes_per_task} episodes per task seeds MT1 up to {last_seed}; numpy "
+                        f"takes 0..{MAX_SEED}", key="seed", fix="use a seed from 0 to 2147483647")
+    wrong = [c for c in cameras if c not in CAMERAS] or sorted({c for c in cameras if cameras.count(c) > 1})
+    if wrong:
+        raise UserError(f"{'unknown' if wrong[0] not in CAMERAS else 'repeated'} camera {wrong[0]!r}", key="cameras",
+                        fix=f"name each once, from: {', '.join(CAMERAS)} (or none for state-only demos)")
+    if cameras and (image_size < 2 or image_size % 2):
+        raise UserError(f"must be an even number >= 2 (yuv420p video), got {image_size}", key="image_size")
+    if max_steps is not None and max_steps < 1:
+        raise UserError(f"must be >= 1, got {max_steps}", key="max_steps")
+    if num_workers < 1:
+        raise UserError(f"must be >= 1, got {num_workers}", key="num_workers")
 
 
 def _control_fps(env_name: str) -> int:
@@ -464,7 +489,8 @@ def _control_fps(env_name: str) -> int:
 
 
 __all__ = [
-    "ENVIRONMENT_STATE_NAMES", "INSTRUCTIONS", "MT10_TASKS", "CameraRenderer", "DemoSummary", "Episode", "EpisodeSpec",
-    "ExpertRunner", "dataset_features", "episode_spec", "episode_specs", "expert_episodes", "generate_demos",
-    "goal_variant", "instruction_for", "known_tasks", "make_env", "make_expert", "render_replay", "rollout_expert",
+    "CAMERAS", "ENVIRONMENT_STATE_NAMES", "INSTRUCTIONS", "MT10_TASKS", "CameraRenderer", "DemoSummary", "Episode",
+    "EpisodeSpec", "ExpertRunner", "dataset_features", "episode_spec", "episode_specs", "expert_episodes",
+    "generate_demos", "goal_variant", "instruction_for", "known_tasks", "make_env", "make_expert", "render_replay",
+    "rollout_expert",
 ]

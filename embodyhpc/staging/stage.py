@@ -6,7 +6,9 @@ One run, under an exclusive lock on DEST (runs into the same folder take turns, 
    and ctime recorded when its content was last checked (manifest.py: what that signature can and cannot see);
    a staged file with the right size and mtime whose inode or ctime moved is re-hashed (`verify="quick"`);
 2. check free space for what is left to copy, before changing anything;
-3. delete what SRC no longer has (and partial files left by a killed run), create folders;
+3. delete the staged files SRC no longer has (those the manifest lists, and partial files left by a killed run),
+   create folders; a file in DEST that neither SRC nor the manifest knows is never deleted: the run refuses in
+   one line before changing anything (tree.refuse_unstaged_removals);
 4. copy the rest in parallel, hashing each byte as it is copied (the source is read once), recording each
    finished file in the manifest, which is rewritten every MANIFEST_FLUSH_INTERVAL_S and whenever the run
    stops: a killed run resumes from the last manifest, and a file the manifest does not list counts for nothing;
@@ -32,9 +34,11 @@ Verify modes (`verify=`, `staging.verify`, `embodyhpc stage --verify`):
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import shutil
+import stat
 import sys
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -59,7 +63,7 @@ from embodyhpc.staging.manifest import (
 )
 from embodyhpc.staging.progress import Progress, format_bytes, format_rate
 from embodyhpc.staging.transfer import Chunk, Copied, WholeFiles, make_tasks, run_tasks
-from embodyhpc.staging.tree import Plan, SourceFile, make_plan, scan_dest, scan_source
+from embodyhpc.staging.tree import Plan, SourceFile, make_plan, refuse_unstaged_removals, scan_dest, scan_source
 from embodyhpc.staging.verify import TASKS_PER_WORKER, damaged_error, verify_files
 
 MANIFEST_FLUSH_INTERVAL_S = 2.0
@@ -207,9 +211,13 @@ class _StageRun:
         trusted = previous is not None and previous.source == self.src and previous.chunk_bytes == chunk_bytes
         recorded = previous.files if previous is not None and trusted else {}
         plan = make_plan(src_files, src_dirs, dest_files, dest_dirs, recorded)
+        staged = previous.files if previous is not None else {}
+        refuse_unstaged_removals(self.dest, plan, staged)
         check_free_space(self.dest, plan)
 
-        self.manifest = Manifest(self.src, chunk_bytes, {rel: recorded[rel] for rel in plan.unchanged})
+        # files to delete stay listed until they are gone: a run killed before deleting them still knows they are its
+        leaving = {rel: staged[rel] for rel in plan.remove_files if rel in staged}
+        self.manifest = Manifest(self.src, chunk_bytes, {**leaving, **{rel: recorded[rel] for rel in plan.unchanged}})
         dirty = bool(plan.to_copy or plan.remove_files or plan.remove_dirs or plan.make_dirs
                      or previous is None or not trusted or len(recorded) != len(plan.unchanged))
         was_complete = previous is not None and previous.complete
@@ -217,6 +225,8 @@ class _StageRun:
         if dirty or not was_complete:
             self._flush()  # complete=False from here until this run finishes
         self._remove(plan)
+        for rel in leaving:
+            del self.manifest.files[rel]
         num_bytes = self._copy(plan.to_copy, "copy")
         damaged: list[SourceFile] = []
         rehashed = 0
@@ -429,17 +439,22 @@ def _make_dest(dest: Path) -> list[Path]:
     """Create DEST and its missing parents; the folders this call created, DEST first (empty: DEST was there)."""
     missing = []
     for folder in (dest, *dest.parents):
-        if folder.exists():
+        if os.path.exists(folder):  # never raises (Path.exists does, for a folder we may not enter)
             break
         missing.append(folder)
     try:
         dest.mkdir(parents=True)
     except FileExistsError:
         return []  # another run made it in the meantime: it is theirs
-    except OSError as exc:
-        raise StagingError(f"cannot create the destination folder ({exc.strerror})", where=str(dest),
-                           fix="pick a writable node-local folder (staging.nvme_dir)") from exc
+    except OSError as exc:  # a path that cannot be a folder is bad input (exit 2, as `data synth --out` says)
+        error = StageInputError if exc.errno in _BAD_PATH_ERRNOS else StagingError
+        raise error(f"cannot create the destination folder ({exc.strerror})", where=str(dest),
+                    fix="pick a writable node-local folder (staging.nvme_dir)") from exc
     return missing
+
+
+# a path that can never be a folder: the argument is wrong; other errors (EIO, ENOSPC, ...) are failures (exit 1)
+_BAD_PATH_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EROFS})
 
 
 def _undo_unstaged_dest(dest: Path, *, created: list[Path], lock_was_there: bool) -> None:
@@ -466,18 +481,31 @@ def _undo_unstaged_dest(dest: Path, *, created: list[Path], lock_was_there: bool
 def _check_paths(src: str | os.PathLike, dest: str | os.PathLike) -> tuple[Path, Path]:
     src_path = Path(os.path.realpath(src))
     dest_path = Path(os.path.realpath(dest))
-    if not src_path.exists():
+    src_stat = _stat_argument(src_path, src, "the dataset folder to stage", "check the path (data.root in the recipe)")
+    if src_stat is None:
         raise StageInputError("the dataset folder to stage does not exist", where=str(src),
                               fix="check the path (data.root in the recipe)")
-    if not src_path.is_dir():
+    if not stat.S_ISDIR(src_stat.st_mode):
         raise StageInputError("staging copies a dataset folder, and this is a file", where=str(src),
                               fix="stage the folder that holds it")
-    if dest_path.exists() and not dest_path.is_dir():
+    dest_stat = _stat_argument(dest_path, dest, "the destination", "pick a writable node-local folder "
+                               "(staging.nvme_dir)")
+    if dest_stat is not None and not stat.S_ISDIR(dest_stat.st_mode):
         raise StageInputError("the destination is a file", where=str(dest), fix="give a folder path")
     if dest_path == src_path or dest_path.is_relative_to(src_path) or src_path.is_relative_to(dest_path):
         raise StageInputError(f"source {src_path} and destination {dest_path} overlap",
                               fix="stage into a folder outside the dataset (staging.nvme_dir)")
     return src_path, dest_path
+
+
+def _stat_argument(path: Path, given: str | os.PathLike, what: str, fix: str) -> os.stat_result | None:
+    """os.stat of SRC or DEST, None when it is not there; a path the filesystem refuses is a StageInputError."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise StageInputError(f"cannot use {what}: {exc.strerror or exc}", where=str(given), fix=fix) from None
 
 
 def _print_stderr(text: str) -> None:

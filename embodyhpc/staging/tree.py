@@ -20,7 +20,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -275,3 +275,18 @@ def make_plan(src_files: dict[str, SourceFile], src_dirs: list[str], dest_files:
     # biggest first: large files start early and small ones fill the gaps at the end
     plan.to_copy.sort(key=lambda f: f.size, reverse=True)
     return plan
+
+
+def refuse_unstaged_removals(dest: str, plan: Plan, staged: Iterable[str]) -> None:
+    """Restaging deletes only what staging put in DEST: the files its manifest lists (`staged`, from whatever source
+    they were staged) and partial copies a killed run left. A file the plan would delete that is neither (a user's
+    notes, a result written into the staged copy, a link someone made) is never deleted: StageInputError before
+    anything changes, naming the files. (A file at a path the source has is replaced by the source's: that is what
+    staging is for, and how a killed run's unrecorded copies are redone.)"""
+    staged = set(staged)
+    foreign = [rel for rel in plan.remove_files if rel not in staged and not rel.endswith(PARTIAL_SUFFIX)]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f", ... ({len(foreign)} in all)" if len(foreign) > 3 else "")
+        raise StageInputError(f"the staged folder holds files the source does not have and staging did not put there "
+                              f"({shown}); staging never deletes what it did not stage, so it refuses", where=dest,
+                              fix="move them out of the staged folder, or stage into another folder")

@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlparse
 
-from embodyhpc.errors import RunFailure
+from embodyhpc.config.credentials import without_credentials
+from embodyhpc.errors import RunFailure, mask_credentials
 from embodyhpc.tracking.mlflow_values import (  # noqa: F401 - re-exported: callers name them from here
     MAX_KEY_LENGTH,
     MAX_METRICS_PER_BATCH,
@@ -482,9 +483,9 @@ def ui_hint(uri: str, run_id: str | None = None) -> str:
     if run_id:
         with contextlib.suppress(Exception):  # a hint without the run's page is still a hint
             experiment_id = (find_run(uri, run_id) or {}).get("experiment_id")
-    if is_http(uri):
-        return ui_link(uri, experiment_id, run_id if experiment_id else None)
-    return (f"mlflow ui --backend-store-uri {shlex.quote(uri)} --port 5000   # then open "
+    if is_http(uri):  # a link people paste: without the password (the browser asks for it)
+        return ui_link(without_credentials(uri), experiment_id, run_id if experiment_id else None)
+    return (f"mlflow ui --backend-store-uri {shlex.quote(mask_credentials(uri))} --port 5000   # then open "
             f"{ui_link(LOCAL_UI, experiment_id, run_id if experiment_id else None)}")
 
 

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TextIO
 
+from embodyhpc.errors import mask_credentials
 from embodyhpc.tracking.mlflow_run import (
     DESCRIPTION_TAG,
     MAX_METRICS_PER_BATCH,
@@ -239,7 +240,7 @@ class MlflowMetricsSink:
     def _say(self, message: str) -> None:
         stream = self._stream if self._stream is not None else sys.stderr
         try:
-            print(f"embodyhpc: {message}", file=stream, flush=True)
+            print(f"embodyhpc: {mask_credentials(message)}", file=stream, flush=True)  # the store's URI too
         except Exception:  # a closed stream must not matter either
             pass
 

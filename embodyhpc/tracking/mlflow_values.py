@@ -12,7 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from embodyhpc.config.guards import looks_secret
+from embodyhpc.config.credentials import redact, redact_override, secret_key  # noqa: F401 - submit names them here
+from embodyhpc.errors import mask_credentials
 
 NONFINITE_METRIC = "nonfinite_metrics"
 """Metric counting the values skipped at a step because they were NaN/inf or not numbers."""
@@ -51,7 +52,9 @@ REDACTED = "***"
 
 
 def flatten_params(params: Mapping[str, Any] | Any, *, prefix: str = "") -> dict[str, str]:
-    """Nested mappings (and dataclasses) to dotted keys; lists as compact JSON; values cut to MLflow's limit."""
+    """Nested mappings (and dataclasses) to dotted keys; lists as compact JSON; values cut to MLflow's limit.
+    Anyone who can open the UI reads params: a secret key's value (config.credentials.secret_key: HF_TOKEN in
+    site.env, not model.state_key) is ***, and URI credentials are masked."""
     if dataclasses.is_dataclass(params) and not isinstance(params, type):
         params = dataclasses.asdict(params)
     flat: dict[str, str] = {}
@@ -62,12 +65,12 @@ def flatten_params(params: Mapping[str, Any] | Any, *, prefix: str = "") -> dict
         if isinstance(value, Mapping) and value:
             flat.update(flatten_params(value, prefix=name))
             continue
-        if isinstance(value, str) and value and looks_secret(str(key)):
-            text = REDACTED  # a secret-looking key's value never reaches the store (anyone with the UI reads it)
+        if isinstance(value, str) and value and secret_key(name):
+            text = REDACTED
         elif isinstance(value, list | tuple | Mapping):
-            text = json.dumps(value, default=str, separators=(",", ":"))
+            text = mask_credentials(json.dumps(value, default=str, separators=(",", ":")))
         else:
-            text = str(value)
+            text = mask_credentials(str(value))
         flat[metric_key(name)] = truncate(text, MAX_PARAM_VALUE_LENGTH)
     return flat
 
@@ -90,25 +93,12 @@ def finite_metrics(metrics: Mapping[str, Any]) -> tuple[dict[str, float], int]:
 
 
 def tags_of(tags: Mapping[str, Any] | None) -> dict[str, str]:
-    return {metric_key(k): truncate(str(v), MAX_TAG_VALUE_LENGTH) for k, v in (tags or {}).items()}
+    return {metric_key(k): truncate(mask_credentials(str(v)), MAX_TAG_VALUE_LENGTH) for k, v in (tags or {}).items()}
 
 
 def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """An exception on one line, at most 300 characters, its URI credentials masked (MLflow's REST errors quote the
+    request URL, user:password included)."""
+    text = mask_credentials(" ".join(str(exc).split())) or type(exc).__name__
     return text if len(text) <= 300 else text[:297] + "..."
 
-
-def redact(data: Any) -> Any:
-    """A copy of nested mappings/lists whose string values under secret-looking keys are REDACTED."""
-    if isinstance(data, Mapping):
-        return {key: REDACTED if isinstance(value, str) and value and looks_secret(str(key)) else redact(value)
-                for key, value in data.items()}
-    if isinstance(data, list | tuple):
-        return [redact(item) for item in data]
-    return data
-
-
-def redact_override(override: str) -> str:
-    """`key=value` with the value REDACTED when the key's last part looks secret."""
-    key, sep, value = override.partition("=")
-    return f"{key}={REDACTED}" if sep and value and looks_secret(key.rsplit(".", 1)[-1]) else override

@@ -26,7 +26,10 @@ Order, and why:
    launcher's business (launch/train.py); resuming from that checkpoint continues exactly at the next step.
 
 Collectives: every rank runs the same ones in the same order. Metrics are reduced on all ranks at log steps (the
-condition depends only on the step), and only the writing of the reduced values happens on rank 0.
+condition depends only on the step), and only the writing of the reduced values happens on rank 0. Every micro-batch
+fetch ends with one all_reduce on the CPU group (stream.py): a rank whose data failed (a worker's error, a dead or
+stuck worker) makes every rank raise its DataWorkerError there, before any rank enters the micro-batch's
+collectives; the DataLoader workers end with the loop however it ends (data/loader.py).
 """
 
 from __future__ import annotations
@@ -139,8 +142,9 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
 
     ckpt = Checkpointer(run_dir / CHECKPOINTS_DIR, checkpoint, seed=train_cfg.seed, device=device,
                         on_complete=on_checkpoint)
-    if is_rank0:  # beside the checkpoints: how to feed the policy, for exports of any step (final or not)
-        write_policy_io(run_dir / CHECKPOINTS_DIR, data.root, model_cfg, normalizer, tokenizer_source)
+    policy_files = None  # beside the checkpoints: how to feed the policy, for exports of any step (final or not)
+    if is_rank0:
+        policy_files = write_policy_io(run_dir / CHECKPOINTS_DIR, data.root, model_cfg, normalizer, tokenizer_source)
     loaded = ckpt.load_latest(model, optimizer)
     start_step = 0
     if loaded is not None:
@@ -165,12 +169,14 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
     steps_since_log = 0
     stopped_by: str | None = None
     stop_group = cpu_group()
+    stream.group = stop_group  # a failed micro-batch on any rank fails it on every rank (stream.py)
     with contextlib.ExitStack() as cleanup:
         if stop is None:
             stop = cleanup.enter_context(StopSignal())
         cleanup.callback(ckpt.close)  # a job must not exit under an async save in flight
         for sink in sinks:
             cleanup.callback(sink.close)
+        cleanup.callback(stream.close)  # first: the data workers end with the loop, however it ends (loader.py)
         for step in range(start_step + 1, train_cfg.steps + 1):
             started = time.perf_counter()
             lr = float(optimizer.param_groups[0]["lr"])  # the rate this step's update uses
@@ -196,7 +202,9 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
             if step % train_cfg.log_every == 0 or step == train_cfg.steps:
                 last_metrics = _reduced_metrics(loss_sum / accum, grad_norm, lr, step_time_s, wait_s, num_tokens,
                                                 budget_tokens, train_cfg.micro_batch_size * accum,
-                                                dist_env.world_size, device)
+                                                dist_env.world_size, device,
+                                                skipped_samples=loader.skipped_samples
+                                                if data.on_bad_sample == "skip" else None)
                 last_metrics.update(_fp8_metrics(fp8_gemms, steps_since_log))
                 steps_since_log = 0
                 for sink in sinks:
@@ -216,9 +224,9 @@ def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfi
         ckpt.save(final_step, model, optimizer, sampler_state=sampler.state_dict(), blocking=True)
         export_path = None
         if checkpoint.export_final and stopped_by is None:
-            export_path = ckpt.export(run_dir / EXPORT_DIR, config_yaml=config_yaml, step=final_step)
-            if export_path is not None:  # rank 0: what evaluation needs to feed the policy as in training
-                write_policy_io(export_path.parent, data.root, model_cfg, normalizer, tokenizer_source)
+            # with what evaluation needs to feed the policy as in training, hashed into export.json
+            export_path = ckpt.export(run_dir / EXPORT_DIR, config_yaml=config_yaml, step=final_step,
+                                      side_files=policy_files)
     dist.barrier()  # FACTS: gloo ranks may abort at teardown without one
     return TrainResult(start_step, final_step, last_metrics, export_path, stopped_by)
 
@@ -322,15 +330,18 @@ def _clip_grad_norm(parameters, max_norm: float) -> float:
 
 def _reduced_metrics(loss: torch.Tensor, grad_norm: float, lr: float, step_time_s: float, wait_s: float,
                      num_tokens: int, budget_tokens: int, samples_per_device: int, world_size: int,
-                     device: torch.device) -> dict[str, float]:
+                     device: torch.device, *, skipped_samples: int | None = None) -> dict[str, float]:
     """Mean loss, step time and data wait over ranks, total tokens (and packing budget): one all_reduce on every
     rank. `packing_efficiency` (useful tokens / the token budget of the packed micro-batches) is there only when
-    the collate packs (the budget is 0 otherwise, and the same decision follows on every rank from the sums)."""
-    values = torch.tensor([float(loss), step_time_s, wait_s, float(num_tokens), float(budget_tokens)],
+    the collate packs (the budget is 0 otherwise, and the same decision follows on every rank from the sums).
+    `skipped_samples` (data.on_bad_sample=skip, the same choice on every rank): this rank's bad samples skipped so
+    far, summed over ranks into `data_skipped_samples`."""
+    skipped = [] if skipped_samples is None else [float(skipped_samples)]
+    values = torch.tensor([float(loss), step_time_s, wait_s, float(num_tokens), float(budget_tokens), *skipped],
                           dtype=torch.float64)
     values = values.to(device)
     dist.all_reduce(values)
-    loss_mean, step_time_mean, wait_mean, tokens_total, budget_total = (values / torch.tensor(
+    loss_mean, step_time_mean, wait_mean, tokens_total, budget_total = (values[:5] / torch.tensor(
         [world_size, world_size, world_size, 1, 1], dtype=torch.float64, device=device)).tolist()
     metrics = {"loss": loss_mean, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time_mean,
                "samples_per_s_per_device": samples_per_device / step_time_mean,
@@ -338,6 +349,8 @@ def _reduced_metrics(loss: torch.Tensor, grad_norm: float, lr: float, step_time_
                "data_wait_fraction": wait_mean / step_time_mean if step_time_mean > 0 else 0.0}
     if budget_total > 0:
         metrics["packing_efficiency"] = tokens_total / budget_total
+    if skipped:
+        metrics["data_skipped_samples"] = float(values[5])
     return metrics
 
 
@@ -352,19 +365,23 @@ def _fp8_metrics(counter: FP8GemmCounter, steps: int) -> dict[str, float]:
 
 
 def write_policy_io(export_dir: Path, data_root: str, model_cfg: ModelConfig, normalizer: StateNormalizer,
-                    tokenizer_file: str | None = None) -> None:
-    """Next to the exported weights: the state statistics (normalization.json), policy_io.json (the dataset's
-    cameras, image size, state key and real action dims) and a copy of the tokenizer file training read, if any,
-    so an evaluation (and a resumed run) feeds the policy as training did."""
+                    tokenizer_file: str | None = None) -> dict[str, Path | None]:
+    """Next to the weights (the run's checkpoints/): the state statistics (normalization.json), policy_io.json (the
+    dataset's cameras, image size, state key and real action dims) and a copy of the tokenizer file training read, if
+    any, so an evaluation (and a resumed run) feeds the policy as training did. Returns {file name: path, or None for
+    a tokenizer name it has no file of}: the side files an export of these weights copies and hashes."""
     from embodyhpc.data.info import dataset_info
-    from embodyhpc.models.checkpoint_assets import tokenizer_copy_name
+    from embodyhpc.data.normalize import NORM_FILE
+    from embodyhpc.models.checkpoint_assets import TOKENIZER_FILES, tokenizer_copy_name
     from embodyhpc.rundir import POLICY_IO_FILE, replace_atomically, write_json_atomic
 
+    written: dict[str, Path | None] = dict.fromkeys(TOKENIZER_FILES)
     if tokenizer_file is not None:
         copy = Path(export_dir) / tokenizer_copy_name(tokenizer_file)
         if Path(tokenizer_file).resolve() != copy.resolve():
             data = Path(tokenizer_file).read_bytes()
             replace_atomically(copy, lambda tmp: Path(tmp).write_bytes(data))
+        written[copy.name] = copy
 
     info = dataset_info(data_root)
     features = info.get("features", {})
@@ -375,4 +392,5 @@ def write_policy_io(export_dir: Path, data_root: str, model_cfg: ModelConfig, no
     write_json_atomic(export_dir / POLICY_IO_FILE, {
         "cameras": cameras, "image_size": max(sizes) if sizes else None, "state_key": model_cfg.state_key,
         "action_dim": min(int(action[-1]), model_cfg.action_dim), "fps": info.get("fps")})
+    return {NORM_FILE: Path(export_dir) / NORM_FILE, POLICY_IO_FILE: Path(export_dir) / POLICY_IO_FILE, **written}
 

@@ -16,7 +16,8 @@ from typing import Protocol
 METRIC_FIELDS = ("loss", "lr", "grad_norm", "step_time_s", "samples_per_s_per_device", "tokens_per_s",
                  "data_wait_fraction")
 """The fields every logged step carries (besides `step`). Optional: `packing_efficiency` (useful tokens / token
-budget of the micro-batches), logged when the collate packs samples into rows."""
+budget of the micro-batches), logged when the collate packs samples into rows; `data_skipped_samples` (bad samples
+skipped so far, all ranks), logged with data.on_bad_sample=skip."""
 
 
 class MetricsSink(Protocol):

@@ -39,6 +39,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from embodyhpc.config.schema import COLLECTIVE_TIMEOUT_S
 from embodyhpc.errors import REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE
 
 log = logging.getLogger(__name__)
@@ -148,19 +149,23 @@ _side_groups: dict[int, tuple[Any, Any]] = {}
 """id(default group) -> (that group, its gloo side group); the group is held so that its id is not reused."""
 
 
-def cpu_group() -> Any:
-    """A process group for CPU collectives (`StopSignal.agreed`, the launcher's hostname gather): the default one
-    when it is gloo, else one gloo group of every rank, created on the first call and shared by later ones.
+def cpu_group(timeout_s: float = COLLECTIVE_TIMEOUT_S) -> Any:
+    """A process group for CPU collectives (`StopSignal.agreed`, the data-failure agreement of train/stream.py, the
+    launcher's hostname gather): the default one when it is gloo, else one gloo group of every rank, created on the
+    first call and shared by later ones.
 
     With NCCL, a CPU flag cannot travel on the default group, and a GPU flag would make every step wait for the
     GPU. One side group per default group: each gloo group holds a connection to every other rank, so one per
-    caller would multiply them. Collective on its first call: every rank calls it at the same point.
+    caller would multiply them. Collective on its first call: every rank calls it at the same point. The side group
+    waits `timeout_s` in a collective, as the default group does (torch would give a new group 30 minutes).
     """
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     if dist.get_backend() == "gloo":
         return None
     world = dist.group.WORLD
     if id(world) not in _side_groups:
-        _side_groups[id(world)] = (world, dist.new_group(backend="gloo"))
+        _side_groups[id(world)] = (world, dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)))
     return _side_groups[id(world)][1]

@@ -138,6 +138,9 @@ TAMPER = [
     ("export-json-size-matched-to-truncation", _summary_matching_tampered_size, "truncated or padded"),
     ("config-yaml-edited", lambda o, e: (o / "config.yaml").write_text("job: {name: y}\n"), "config.yaml differs"),
     ("config-yaml-not-utf8", lambda o, e: (o / "config.yaml").write_bytes(b"\xff\xfe"), "config.yaml differs"),
+    ("weights-deleted", lambda o, e: (o / WEIGHTS).unlink(), "model.safetensors is missing"),
+    ("config-yaml-deleted", lambda o, e: (o / "config.yaml").unlink(), "config.yaml is missing"),
+    ("export-json-deleted", lambda o, e: (o / "export.json").unlink(), "no export.json"),
 ]
 
 
@@ -166,8 +169,6 @@ def test_eval_of_a_tampered_export_fails_before_making_a_run(cli, tampered, runs
     result = cli("eval", "--ckpt", str(out), "--local", f"job.runs_root={runs_root}")
     assert result.code == 2, result.err
     lines = result.err.strip().splitlines()
-    if not (out / WEIGHTS).is_file():
-        expected = "neither an export folder"  # no weights file: not an export at all
     assert len(lines) == 1 and expected in lines[0], result.err
     assert list(runs_root.iterdir()) == []
 
@@ -207,3 +208,148 @@ def test_weights_of_another_shape_or_kind_do_not_fit_the_model():
     other_size = ModelConfig(size="tiny", action_horizon=8, action_dim=6)
     with pytest.raises(NotACheckpointError, match=r"do not fit .* \(model.size=tiny\): \d+ shapes differ"):
         check_fits(entries, other_size, where="w", built_with="r")
+
+
+# --- side files: hashed into export.json, verified where the weights are ------------------------------------------
+
+SIDE = {"normalization.json": b'{"key": "observation.state", "mode": "none", "offset": [], "scale": []}\n',
+        "policy_io.json": b'{"cameras": [], "image_size": null, "action_dim": 2}\n',
+        "tokenizer.model": b"\x00sentencepiece bytes"}
+
+
+@pytest.fixture(scope="module")
+def sided(tmp_path_factory) -> Path:
+    """An export written with side files (tokenizer.json: recorded as absent)."""
+    from tests.exports import save_checkpoint
+
+    root = tmp_path_factory.mktemp("sided")
+    sources = root / "sources"
+    sources.mkdir()
+    for name, data in SIDE.items():
+        (sources / name).write_bytes(data)
+    step = save_checkpoint(root / "checkpoints", small_model(0))
+    from embodyhpc.checkpoint.export import export_consolidated
+
+    export_consolidated(step, root / "export", config_yaml="job: {name: x}\n",
+                        side_files={**{name: sources / name for name in SIDE}, "tokenizer.json": None})
+    return root / "export"
+
+
+def test_side_files_are_copied_and_their_hashes_recorded(sided):
+    import hashlib
+
+    recorded = verify_export(sided)["side_files"]
+    assert recorded == {**{name: hashlib.sha256(data).hexdigest() for name, data in SIDE.items()},
+                        "tokenizer.json": None}
+    for name, data in SIDE.items():
+        assert (sided / name).read_bytes() == data
+
+
+def _link_other(name):
+    def tamper(out):
+        (out / name).unlink()
+        (out / name).symlink_to(out.parent / "elsewhere")
+        (out.parent / "elsewhere").write_bytes(b'{"key": "x"}')
+    return tamper
+
+
+def _edit_side(change):
+    def edit(out):
+        summary = json.loads((out / "export.json").read_text())
+        change(summary["side_files"])
+        (out / "export.json").write_text(json.dumps(summary))
+    return edit
+
+
+SIDE_TAMPER = [
+    ("statistics-edited", lambda o: (o / "normalization.json").write_text('{"key": "observation.state", "mode": '
+                                                                          '"none", "offset": [], "scale": [] }'),
+     "normalization.json differs"),
+    ("statistics-deleted", lambda o: (o / "normalization.json").unlink(), "normalization.json is missing"),
+    ("policy-io-emptied", lambda o: (o / "policy_io.json").write_bytes(b""), "policy_io.json differs"),
+    ("policy-io-a-folder", lambda o: ((o / "policy_io.json").unlink(), (o / "policy_io.json").mkdir()),
+     "policy_io.json is not a regular file"),
+    ("policy-io-a-link-elsewhere", _link_other("policy_io.json"), "policy_io.json differs"),
+    ("tokenizer-swapped", lambda o: (o / "tokenizer.model").write_bytes(b"another tokenizer"),
+     "tokenizer.model differs"),
+    ("tokenizer-added", lambda o: (o / "tokenizer.json").write_text("{}"), "tokenizer.json is not part of the export"),
+    ("tokenizer-added-as-dangling-link", lambda o: (o / "tokenizer.json").symlink_to(o / "nowhere"),
+     "tokenizer.json is not part of the export"),
+    ("side-files-not-an-object", lambda o: _rewrite_summary(o, side_files=["policy_io.json"]),
+     "side_files is not a JSON object"),
+    ("side-file-hash-not-hex", _edit_side(lambda s: s.update({"policy_io.json": "z" * 64})),
+     "neither a sha256 nor null"),
+    ("side-file-hash-a-number", _edit_side(lambda s: s.update({"policy_io.json": 7})), "neither a sha256 nor null"),
+    ("side-file-names-a-parent-path", _edit_side(lambda s: s.update({"../sources/policy_io.json": None})),
+     "not a side file's name"),
+    ("side-file-names-an-absolute-path", _edit_side(lambda s: s.update({"/etc/passwd": None})),
+     "not a side file's name"),
+    ("side-file-names-the-weights", _edit_side(lambda s: s.update({"model.safetensors": None})),
+     "not a side file's name"),
+    ("side-file-names-nothing", _edit_side(lambda s: s.update({"": None})), "not a side file's name"),
+]
+
+
+def _rewrite_summary(out, **changes):
+    summary = json.loads((out / "export.json").read_text())
+    summary.update(changes)
+    (out / "export.json").write_text(json.dumps(summary))
+
+
+@pytest.mark.parametrize(("case", "tamper", "expected"), SIDE_TAMPER, ids=[c[0] for c in SIDE_TAMPER])
+def test_a_changed_side_file_is_refused_in_one_line(sided, tmp_path, cli, runs_root, case, tamper, expected):
+    out = tmp_path / "export"
+    shutil.copytree(sided, out, symlinks=True)
+    verify_export(out)
+    tamper(out)
+    with pytest.raises(NotACheckpointError, match=expected) as caught:
+        load_exported(out)
+    line = caught.value.one_line()
+    assert caught.value.exit_code == 2 and "\n" not in line and "fix:" in line
+    result = cli("eval", "--ckpt", str(out), "--local", f"job.runs_root={runs_root}")
+    assert result.code == 2 and expected in result.err and len(result.err.strip().splitlines()) == 1, result.err
+    assert list(runs_root.iterdir()) == []
+
+
+def test_an_export_from_before_side_files_were_hashed_is_still_read(sided, tmp_path):
+    """The documented rule: no `side_files` in export.json -> weights and config are verified, side files are used
+    as they are (whatever they hold now)."""
+    out = tmp_path / "export"
+    shutil.copytree(sided, out)
+    summary = json.loads((out / "export.json").read_text())
+    del summary["side_files"]
+    (out / "export.json").write_text(json.dumps(summary))
+    (out / "policy_io.json").write_text('{"cameras": ["edited"]}')
+    (out / "tokenizer.json").write_text("{}")
+    assert "side_files" not in verify_export(out)
+    load_exported(out)
+    (out / "model.safetensors").write_bytes((out / "model.safetensors").read_bytes()[:-1] + b"\x01")
+    with pytest.raises(NotACheckpointError, match="sha256 mismatch"):  # the weights are checked as ever
+        verify_export(out)
+
+
+def test_a_re_export_removes_a_side_file_the_new_one_does_not_have(sided, tmp_path):
+    """An export written over an older one with a tokenizer: the stale copy must go, or it would be fed to the new
+    policy (and fail the hash check as 'added afterwards')."""
+    from embodyhpc.checkpoint.export import export_consolidated
+    from tests.exports import save_checkpoint
+
+    out = tmp_path / "export"
+    shutil.copytree(sided, out)
+    step = save_checkpoint(tmp_path / "checkpoints", small_model(1))
+    export_consolidated(step, out, config_yaml="job: {name: x}\n",
+                        side_files={"policy_io.json": sided / "policy_io.json", "tokenizer.model": None})
+    assert not (out / "tokenizer.model").exists()
+    assert verify_export(out)["side_files"]["tokenizer.model"] is None
+
+
+@pytest.mark.parametrize("name", ["../escape.json", "/tmp/abs.json", "export.json", ".."])
+def test_a_side_file_name_that_is_a_path_is_refused_before_writing(tmp_path, name):
+    from embodyhpc.checkpoint.export import export_consolidated
+    from tests.exports import save_checkpoint
+
+    (tmp_path / "s.json").write_text("{}")
+    step = save_checkpoint(tmp_path / "checkpoints", small_model(0))
+    with pytest.raises(NotACheckpointError, match="not a side file's name"):
+        export_consolidated(step, tmp_path / "export", config_yaml="x: 1\n", side_files={name: tmp_path / "s.json"})
+    assert not (tmp_path / "export" / "export.json").exists() and not (tmp_path / "escape.json").exists()

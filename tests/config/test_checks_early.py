@@ -93,10 +93,18 @@ def test_hub_id_as_data_root_is_an_error(cli, tmp_path, monkeypatch, hub_id):
                      "hub id")
 
 
+# smoke_cpu's model.action_horizon is 10: a policy recipe asks for a chunk of 10 actions (config/data_checks.py)
+CHUNK10 = "data.delta_timestamps={action: [" + ", ".join(str(i / 10) for i in range(10)) + "]}"
+
+
 def test_a_local_folder_named_like_a_hub_id_is_fine(cli, tmp_path, monkeypatch):
+    import shutil
+
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "lerobot" / "pusht").mkdir(parents=True)
-    result = cli("validate", DEMO, "data.format=lerobot", "data.root=lerobot/pusht")
+    (tmp_path / "lerobot").mkdir()  # a dataset validate can read (config/data_checks.py checks it against the recipe)
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "fixtures" / "lerobot_v30_sample",
+                    tmp_path / "lerobot" / "pusht")
+    result = cli("validate", DEMO, "data.format=lerobot", "data.root=lerobot/pusht", CHUNK10)
     assert result.code == 0, result.err
     assert "warning" not in result.err
 
@@ -104,7 +112,7 @@ def test_a_local_folder_named_like_a_hub_id_is_fine(cli, tmp_path, monkeypatch):
 @pytest.mark.parametrize("command", ["validate", "render"])
 def test_path_on_an_unmounted_filesystem_is_a_warning_naming_it(cli, command):
     root = "/nonexistent-fs-embodyhpc/data/pick"
-    result = cli(command, DEMO, "data.format=lerobot", f"data.root={root}")
+    result = cli(command, DEMO, "data.format=lerobot", f"data.root={root}", CHUNK10)
     assert result.code == 0, result.err
     assert f"warning: data.root={root}" in result.err and "not visible from this machine" in result.err
 

@@ -182,3 +182,151 @@ def test_aliases_within_the_caps_still_work(tmp_path, cli):
     result = cli("recipes", "show", str(path))
     assert result.code == 0, result.err
     assert "observation.state:\n    - 0.0\n    - 0.1" in result.out
+
+
+# ---------------------------------------------------------------- hardening round 3, class 7: files of the wrong kind
+# model.tokenizer_path and model.init_weights are checked at validate by their first bytes (config/file_formats.py):
+# devices, FIFOs and folders are refused before anything opens them, and no check reads a file to its end.
+
+@pytest.mark.parametrize("key", ["model.tokenizer_path", "model.init_weights"])
+@pytest.mark.parametrize("kind", ["/dev/zero", "/dev/urandom", "fifo"])
+def test_devices_and_fifos_are_refused_without_reading_them(tmp_path, key, kind):
+    path = kind
+    if kind == "fifo":
+        path = str(tmp_path / ("tokenizer.model" if "tokenizer" in key else "model.safetensors"))
+        os.mkfifo(path)  # opening it would block until a writer comes: never, here
+    proc = _run_validate("smoke_cpu", f"{key}={path}", cwd=tmp_path)
+    _assert_one_line_refusal(proc, "override", key, "named pipe" if kind == "fifo" else "character device")
+
+
+def test_a_huge_file_is_read_only_at_its_start(tmp_path):
+    """A 4 GiB sparse 'tokenizer.json' and a safetensors header claiming 2**63 bytes: refused from their first bytes
+    (the memory cap of _run_validate is 3 GiB)."""
+    tokenizer = tmp_path / "tokenizer.json"
+    with open(tokenizer, "wb") as handle:
+        handle.write(b'{"version": "1.0", "added_tokens": [')
+        handle.truncate(4 << 30)
+    _assert_one_line_refusal(_run_validate("smoke_cpu", f"model.tokenizer_path={tokenizer}", cwd=tmp_path),
+                             'no "model" section in its first 16 MiB')
+    weights = tmp_path / "model.safetensors"
+    with open(weights, "wb") as handle:
+        handle.write((2**63).to_bytes(8, "little") + b"{")
+        handle.truncate(4 << 30)
+    _assert_one_line_refusal(_run_validate("smoke_cpu", f"model.init_weights={weights}", cwd=tmp_path),
+                             "header of 9223372036854775808 bytes")
+
+
+def _safetensors(path: Path, **arrays) -> Path:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({name: np.zeros(shape, dtype=np.float32) for name, shape in (arrays or {"w": (4, 4)}).items()},
+              str(path))
+    return path
+
+
+def _weights_cases(tmp_path: Path) -> dict[str, tuple[Path, str | None]]:
+    """{case: (path, a fragment of the refusal or None when it is fine)}"""
+    import json
+    import zipfile
+
+    cases: dict[str, tuple[Path, str | None]] = {}
+    good = _safetensors(tmp_path / "good.safetensors", a=(8, 8), b=(3,))
+    cases["safetensors file"] = (good, None)
+    folder = tmp_path / "export"
+    folder.mkdir()
+    _safetensors(folder / "model.safetensors")
+    cases["folder with model.safetensors"] = (folder, None)
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    shards = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+    for name in shards:
+        _safetensors(sharded / name)
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"a": shards[0], "b": shards[1]}}))
+    cases["sharded folder"] = (sharded, None)
+    cases["its index"] = (sharded / "model.safetensors.index.json", None)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases["folder without weights"] = (empty, "holds neither model.safetensors nor")
+    (tmp_path / "short.safetensors").write_bytes(b"abc")
+    cases["3 bytes"] = (tmp_path / "short.safetensors", "shorter than its header length")
+    with zipfile.ZipFile(tmp_path / "pytorch_model.bin", "w") as archive:
+        archive.writestr("archive/data.pkl", b"x")
+    cases["a PyTorch zip"] = (tmp_path / "pytorch_model.bin", "zip archive")
+    (tmp_path / "truncated.safetensors").write_bytes(good.read_bytes()[:-16])
+    cases["truncated copy"] = (tmp_path / "truncated.safetensors", "is truncated")
+    (tmp_path / "text.safetensors").write_text("hello, this is not a checkpoint at all\n")
+    cases["text"] = (tmp_path / "text.safetensors", "not a safetensors file")
+    missing = tmp_path / "missing"
+    missing.mkdir()
+    (missing / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-1.safetensors"}}))
+    cases["index naming a missing shard"] = (missing, "not a file beside it")
+    escaping = tmp_path / "escaping"
+    escaping.mkdir()
+    (escaping / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../good.safetensors"}}))
+    cases["index naming a file elsewhere"] = (escaping, "not a file beside it")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "pi05"}))
+    cases["a config.json"] = (tmp_path / "config.json", 'no "weight_map"')
+    return cases
+
+
+def test_init_weights_must_be_safetensors(cli, tmp_path):
+    for case, (path, refusal) in _weights_cases(tmp_path).items():
+        result = cli("validate", "smoke_cpu", f"model.init_weights={path}")
+        if refusal is None:
+            assert result.code == 0, (case, result.err)
+        else:
+            lines = result.err.strip().splitlines()
+            assert result.code == 2 and len(lines) == 1, (case, result.err)
+            assert "model.init_weights:" in lines[0] and refusal in lines[0], (case, lines[0])
+
+
+def test_tokenizer_path_must_be_a_tokenizer(cli, tmp_path):
+    import json
+
+    from tests.helpers import require
+
+    require("sentencepiece", "train")
+    tokenizers = require("tokenizers", "train")
+    from tests.models.published_assets import train_sentencepiece
+
+    model = train_sentencepiece(tmp_path / "tokenizer.model")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel()
+    tok.train_from_iterator(["pick up the red cup"] * 20, tokenizers.trainers.BpeTrainer(vocab_size=280))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512}))
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "broken.json").write_text('{"model": {')
+    (tmp_path / "notes.model").write_text("these are my notes\n")
+    (tmp_path / "empty.model").write_bytes(b"")
+    (tmp_path / "vocab.txt").write_text("a\nb\n")
+    cases = {model: None, tmp_path / "tokenizer.json": None,
+             tmp_path / "tokenizer_config.json": 'no "model" section', tmp_path / "list.json": "not a JSON object",
+             tmp_path / "broken.json": "not valid JSON", tmp_path / "notes.model": "not a SentencePiece model",
+             tmp_path / "empty.model": "not a SentencePiece model", tmp_path / "vocab.txt": "unknown tokenizer format",
+             tmp_path: "is a folder"}
+    for path, refusal in cases.items():
+        result = cli("validate", "smoke_cpu", f"model.tokenizer_path={path}")
+        if refusal is None:
+            assert result.code == 0, (path, result.err)
+        else:
+            lines = result.err.strip().splitlines()
+            assert result.code == 2 and len(lines) == 1, (path, result.err)
+            assert "model.tokenizer_path:" in lines[0] and refusal in lines[0], (path, lines[0])
+
+
+@pytest.mark.parametrize(("where", "text", "key"), [
+    ("override", "train.steps=" + "9" * 5000, "train.steps"),
+    ("file", "seed: 0" + "9" * 5000, "train.seed"),
+    ("file", "lr: " + "9" * 5000 + ".5", "train.lr"),
+], ids=["override", "leading zero in a file", "float in a file"])
+def test_huge_numbers_are_refused_quickly(tmp_path, where, text, key):
+    """Python refuses to convert an integer of 4,300+ digits (a ValueError traceback before): one line now."""
+    if where == "override":
+        _assert_one_line_refusal(_run_validate("smoke_cpu", text, cwd=tmp_path), "override", key)
+        return
+    path = tmp_path / "huge.yaml"
+    path.write_text(f"base: smoke_cpu\ntrain:\n  {text}\n")
+    _assert_one_line_refusal(_run_validate(str(path), cwd=tmp_path), str(path), key)

@@ -128,7 +128,7 @@ def test_cross_section_error_blames_the_latest_layer():
 def test_unquoted_slurm_times_stay_strings(tmp_path):
     """YAML 1.1 would read 01:30:00 as the integer 5400 (then 5400 minutes for Slurm)."""
     (tmp_path / "r.yaml").write_text("base: smoke_cpu\nresources: {time: 01:30:00}\n"
-                                     "eval: {time: 45}\ntrain: {lr: 1.0e-3, steps: 0x10}\n")
+                                     "eval: {time: 45}\ntrain: {lr: 1.0e-3, steps: 16}\n")
     loaded = load_recipe(str(tmp_path / "r.yaml"))
     assert loaded.config.resources.time == "01:30:00" and loaded.resolved.train_time_min == 90
     assert loaded.config.eval.time == "45" and loaded.resolved.eval_time_min == 45

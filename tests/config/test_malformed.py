@@ -138,3 +138,58 @@ def test_debug_variable_shows_traceback(cli, monkeypatch):
     monkeypatch.setenv("EMBODYHPC_DEBUG", "1")
     with pytest.raises(ConfigError):
         cli("validate", DEMO, "train.stepz=1")
+
+
+# ---------------------------------------------------------------- hardening round 3, class 7: who is blamed
+# The layer named is the one that last set a key the check involves: an override that breaks a value the recipe
+# file (or, on resume, the run's resolved.yaml) holds is named as the override, and a file's own bad value stays the
+# file's even when an override touches the same section.
+
+BLAME = [  # (what the recipe file adds to smoke_cpu, overrides, the key named, the layer named)
+    ({}, ["eval.episodes_per_task=1"], "eval.shards", "override 'eval.episodes_per_task=1'"),
+    ({}, ["resources.time=00:01:00"], "resources.signal_delay_s", "override 'resources.time=00:01:00'"),
+    ({"network": {"fabric": "ib", "hcas": ["mlx5_0"]}}, ["network.fabric=ethernet"], "network.hcas",
+     "override 'network.fabric=ethernet'"),
+    ({}, ["data.num_workers=1", "data.format=lerobot"], "data.root", "override 'data.format=lerobot'"),
+    ({"data": {"format": "lerobot", "root": "/data"}}, ["data.synthetic_step_s=0.5"], "data.synthetic_step_s",
+     "override 'data.synthetic_step_s=0.5'"),
+    ({}, ["eval.tasks=[reach-v3]", "eval.shards=4"], "eval.shards", "override 'eval.shards=4'"),
+    ({}, ["resources.nodes=3", "eval.shards=2"], "train.global_batch_size", "override 'resources.nodes=3'"),
+    ({"eval": {"seeds": ["a"]}}, ["eval.shards=2"], "eval.seeds[0]", "FILE"),
+    ({"data": {"delta_timestamps": {"action": ["x"]}}}, ["data.num_workers=1"], "data.delta_timestamps.action[0]",
+     "FILE"),
+    ({"resources": {"signal_delay_s": 5000}}, ["train.steps=10"], "resources.signal_delay_s", "FILE"),
+]
+
+
+@pytest.mark.parametrize(("extra", "overrides", "key", "where"), BLAME, ids=[" ".join(o) for _, o, _, _ in BLAME])
+def test_the_layer_that_broke_it_is_named(cli, tmp_path, extra, overrides, key, where):
+    import yaml
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"base": DEMO, **extra}))
+    result = cli("validate", str(recipe), *overrides)
+    _assert_rejected(result, key)
+    named = str(recipe) if where == "FILE" else where
+    assert result.err.startswith(f"error: {named}: {key}: "), result.err
+
+
+@pytest.mark.parametrize(("overrides", "key", "where"), [
+    (["train.steps=abc"], "train.steps", "override 'train.steps=abc'"),
+    (["resources.time=00:01:00"], "resources.signal_delay_s", "override 'resources.time=00:01:00'"),
+    (["resources.nodes=3"], "train.global_batch_size", "override 'resources.nodes=3'"),
+    (["eval.seeds=[0, b]"], "eval.seeds[1]", "override 'eval.seeds=[0, b]'"),
+    (["train.steps=010"], "train.steps", "override 'train.steps=010'"),
+])
+def test_resume_blames_its_override_not_the_runs_resolved_yaml(tmp_path, overrides, key, where):
+    """resume loads the run's resolved.yaml as the recipe (site keys kept), then the overrides: what it refuses is
+    the override's doing."""
+    from embodyhpc.config.load import load_recipe, load_unresolved, resolve_located
+    from embodyhpc.errors import ConfigError
+
+    resolved = tmp_path / "resolved.yaml"
+    resolved.write_text(load_recipe(DEMO).to_yaml())
+    with pytest.raises(ConfigError) as info:
+        config, provenance, _, _ = load_unresolved(str(resolved), overrides, recipe_site_keys="keep")
+        resolve_located(config, provenance)
+    assert info.value.where == where and info.value.key == key, info.value.one_line()

@@ -218,3 +218,157 @@ def test_bad_runs_root_from_a_site_profile_names_the_profile(cli, tmp_path, runs
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump({"job": {"runs_root": runs_root}, "tracking": {"mlflow_uri": None}}))
     _assert_rejected(cli("validate", DEMO, "--site", str(site), "tracking.enabled=true"), str(site), "job.runs_root")
+
+
+# ---------------------------------------------------------------- hardening round 3, class 5: numbers
+# Chosen behaviour: an integer written so that readers disagree (YAML 1.1: 010 is 8, YAML 1.2 and Python: 10; 0x10,
+# 0o10, 0b11, 1_000, base-60 1:30) is refused, from a file and from an override alike, with the decimal to write.
+# String fields keep such text as written. Values no run can mean are refused; legal but large ones warn.
+
+SPELLINGS = [  # (value as written, what the message says, the decimal the fix names)
+    ("010", "leading zero", "write 10"), ("-010", "leading zero", "write -10"), ("09", "leading zero", "write 9"),
+    ("00", "leading zero", "write 0"), ("0x10", "hexadecimal", "write 16"), ("0o10", "octal", "write 8"),
+    ("0b11", "binary", "write 3"), ("1_000", "digit separators", "write 1000"), ("1:30", "base-60", "write 90"),
+    ("'010'", "leading zero", "write 10"), ("1e3", "not written as an integer", "write 1000"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "message", "fix"),
+                         [(k, v, m, f) for k in ("train.steps", "resources.nodes", "network.gid_index")
+                          for v, m, f in SPELLINGS], ids=lambda x: str(x))
+def test_ambiguous_integers_in_an_override_are_refused_with_the_decimal(cli, key, value, message, fix):
+    _assert_rejected(cli("validate", DEMO, f"{key}={value}"), "error: override", key, message, f"(fix: {fix})")
+
+
+@pytest.mark.parametrize(("section", "text", "key", "fix"), [
+    ("train", "steps: 010", "train.steps", "write 10"),
+    ("resources", "nodes: 010", "resources.nodes", "write 10"),
+    ("eval", "seeds: [0x10]", "eval.seeds[0]", "write 16"),
+    ("checkpoint", "every_steps: 1_000", "checkpoint.every_steps", "write 1000"),
+    ("train", "log_every: 1:30", "train.log_every", "write 90"),
+    ("model", "options: {}\n  action_horizon: 0b11", "model.action_horizon", "write 3"),
+])
+def test_ambiguous_integers_in_a_file_are_refused_the_same_way(cli, tmp_path, section, text, key, fix):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(f"base: {DEMO}\n{section}:\n  {text}\n")
+    _assert_rejected(cli("validate", str(path)), str(path), key, f"(fix: {fix})")
+
+
+def test_text_fields_keep_numbers_as_written(cli, tmp_path):
+    """YAML 1.1 turned `account: 010` into "8" and `OMP_NUM_THREADS: 010` into 8: now the text is what was written."""
+    from embodyhpc.config.load import load_recipe
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(f"base: {DEMO}\njob:\n  name: '010'\nsite:\n  account: 010\n  qos: 0x10\n"
+                    "  env: {OMP_NUM_THREADS: 010, OTHER: 1_000}\nresources:\n  time: 010\n")
+    config = load_recipe(str(path)).config
+    assert (config.site.account, config.site.qos, config.job.name) == ("010", "0x10", "010")
+    assert config.site.env == {"OMP_NUM_THREADS": "010", "OTHER": "1_000"}
+    assert config.resources.time == "010" and load_recipe(str(path)).resolved.train_time_min == 10
+    result = cli("render", str(path), "--job", "train")
+    assert result.code == 0, result.err
+    assert "--account=010" in result.out and "OMP_NUM_THREADS=010" in result.out
+
+
+def test_plain_numbers_still_read(cli):
+    from embodyhpc.config.load import load_recipe
+
+    config = load_recipe(DEMO, ["train.steps=+10", "train.seed=0", "train.lr=3e-4", "train.grad_clip=1.0e+0",
+                                "train.weight_decay=0.", "network.gid_index=-1", "checkpoint.every_steps=5.0"]).config
+    assert (config.train.steps, config.train.lr, config.train.grad_clip) == (10, 3e-4, 1.0)
+    assert (config.network.gid_index, config.checkpoint.every_steps, config.train.weight_decay) == (-1, 5, 0.0)
+
+
+@pytest.mark.parametrize(("override", "key", "message"), [
+    ("train.lr=0x10", "train.lr", "expected a number"), ("train.lr=1_0.5", "train.lr", "expected a number"),
+    ("train.steps=.inf", "train.steps", "an integer"), ("train.steps=-.inf", "train.steps", "an integer"),
+    ("train.steps=.nan", "train.steps", "an integer"), ("resources.nodes=1.5", "resources.nodes", "an integer"),
+    ("train.steps=9223372036854775808", "train.steps", "does not fit a 64-bit integer"),
+    ("train.steps=-9223372036854775809", "train.steps", "does not fit a 64-bit integer"),
+    ("train.seed=" + "9" * 40, "train.seed", "does not fit a 64-bit integer"),
+    ("train.seed=-1", "train.seed", "0 .. 4294967295"), ("train.seed=4294967296", "train.seed", "0 .. 4294967295"),
+    ("eval.seeds=[-1]", "eval.seeds", "seed"), ("eval.seeds=[0, 99999999999]", "eval.seeds", "seed"),
+])
+def test_numbers_no_run_can_mean_are_refused(cli, override, key, message):
+    _assert_rejected(cli("validate", DEMO, override), "override", key, message)
+
+
+def test_seeds_at_their_bounds_are_fine(cli):
+    assert cli("validate", DEMO, "train.seed=4294967295").code == 0
+
+
+# sbatch --time accepts: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
+# days-hours:minutes:seconds (and UNLIMITED / INFINITE / -1, which embodyhpc refuses: see checks.slurm_time_minutes)
+SLURM_TIMES = [("90", 90), ("90:30", 91), ("1:00:00", 60), ("25:00:00", 1500), ("2-0", 2880), ("2-03:00", 2880 + 180),
+               ("2-03:04:05", 2880 + 184 + 1), ("0:30", 1), ("010", 10)]
+
+
+@pytest.mark.parametrize(("time", "minutes"), SLURM_TIMES, ids=[t for t, _ in SLURM_TIMES])
+def test_every_slurm_time_format_reads_as_sbatch_reads_it(time, minutes):
+    from embodyhpc.config.load import load_recipe
+
+    resolved = load_recipe(DEMO, [f"resources.time={time}", "resources.signal_delay_s=0", f"eval.time={time}"]).resolved
+    assert resolved.train_time_min == minutes and resolved.eval_time_min == minutes
+
+
+@pytest.mark.parametrize(("time", "message"), [
+    ("UNLIMITED", "no time limit"), ("infinite", "no time limit"), ("INFINITE", "no time limit"),
+    ("-1", "no time limit"), ("24855-03:14:08", "past the 2147483647"), ("99999999999", "not a Slurm time"),
+    ("1.5", "not a Slurm time"), ("1-24:00:00", "out of range"), ("1:60", "out of range"), ("1h", "not a Slurm time"),
+])
+def test_slurm_times_sbatch_would_refuse_or_misread(cli, time, message):
+    for key in ("resources.time", "eval.time"):
+        _assert_rejected(cli("validate", DEMO, f"{key}={time}"), "override", key, message)
+
+
+ABSURD = [
+    ("model.action_horizon=1000000000", "model.action_horizon", "at most 10000"),
+    ("model.max_token_len=100000000", "model.max_token_len", "at most 1048576"),
+    ("resources.nodes=100000000", "resources.nodes", "at most 1000000"),
+    ("resources.gpus_per_node=1000", "resources.gpus_per_node", "at most 64"),
+    ("resources.signal_delay_s=70000", "resources.signal_delay_s", "65535"),
+    ("train.steps=2000000000", "train.steps", "at most 1000000000"),
+    ("train.global_batch_size=1000000000", "train.global_batch_size", "at most 16777216"),
+    ("eval.shards=5000000", "eval.shards", "MaxArraySize"),
+    ("eval.image_size=100000", "eval.image_size", "at most 8192"),
+    ("data.num_workers=100000", "data.num_workers", "at most 1024"),
+]
+
+
+@pytest.mark.parametrize(("override", "key", "message"), ABSURD, ids=[o for o, _, _ in ABSURD])
+def test_absurd_sizes_are_refused_at_validate(cli, override, key, message):
+    extra = {"resources.signal_delay_s": ["resources.time=3-00:00:00"],
+             "eval.shards": ["eval.episodes_per_task=10000000"]}.get(key, [])
+    _assert_rejected(cli("validate", DEMO, override, *extra), "override", key, message)
+
+
+@pytest.mark.parametrize(("overrides", "warning"), [
+    (["resources.nodes=100000", "train.global_batch_size=1600000"], "resources.nodes=100000"),
+    (["eval.episodes_per_task=100000"], "200000 episodes"),
+    (["eval.shards=2000", "eval.episodes_per_task=1000"], "eval.shards=2000"),
+    (["resources.time=30-00:00:00"], "43200 minutes"),
+    (["train.steps=50000000"], "train.steps=50000000"),
+    (["train.lr=3"], "train.lr=3.0"),
+])
+def test_large_but_legal_values_warn_naming_the_number(cli, overrides, warning):
+    result = cli("validate", DEMO, *overrides)
+    assert result.code == 0, result.err
+    lines = [line for line in result.err.splitlines() if line.startswith("warning: ")]
+    assert len(lines) == 1 and warning in lines[0], result.err
+
+
+def test_shipped_sizes_do_not_warn(cli):
+    result = cli("validate", DEMO)
+    assert result.code == 0 and "warning" not in result.err, result.err
+
+
+def test_a_warmup_as_long_as_the_run_is_refused_for_a_policy(cli, tmp_path):
+    """The schedule refuses warmup_steps >= steps at step 0 of the job: validate says so first."""
+    _assert_rejected(cli("validate", DEMO, "data.format=lerobot", f"data.root={tmp_path}", "train.steps=20"),
+                     "override 'train.steps=20'", "train.warmup_steps", "not below steps=20", "warmup_steps=2")
+    assert cli("validate", DEMO, "train.steps=5").code == 0  # the synthetic stand-in has no schedule
+
+
+def test_executing_more_actions_than_a_chunk_holds_is_refused(cli, tmp_path):
+    _assert_rejected(cli("validate", DEMO, "data.format=lerobot", f"data.root={tmp_path}", "eval.execute_steps=11"),
+                     "override 'eval.execute_steps=11'", "eval.execute_steps", "model.action_horizon")

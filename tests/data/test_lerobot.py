@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from embodyhpc.data import DatasetError, LeRobotV3Dataset, detect_format, open_dataset
+from embodyhpc.data.errors import SampleError
 from tests.data.conftest import FIXTURES
 
 # Decoders differ in YUV->RGB rounding (Debian's FFmpeg for torchcodec, PyAV's bundled FFmpeg, whatever
@@ -168,7 +169,9 @@ def test_bad_delta_timestamps(sample_root, delta, match):
 
 
 def test_missing_video_file_is_reported(sample_copy):
-    (sample_copy / "videos" / "observation.images.top" / "chunk-000" / "file-000.mp4").unlink()
+    video = sample_copy / "videos" / "observation.images.top" / "chunk-000" / "file-000.mp4"
+    video.unlink()
     dataset = open_dataset(sample_copy, video_backend="pyav")
-    with pytest.raises(RuntimeError, match="video file not found"):
+    with pytest.raises(SampleError, match="video file not found") as raised:  # a bad sample: the file and episode
         dataset[0]
+    assert str(raised.value).startswith(f"{video}: episode 0, frame 0 (index 0): cannot decode observation.images.top")

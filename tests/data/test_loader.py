@@ -43,12 +43,14 @@ def test_workers_outlive_the_signals_slurm_sends_every_process_of_a_step():
     loader, _ = build_dataloader(dataset, data, micro_batch_size=4, rank=0, world_size=1, seed=3)
     batches = iter(loader)
     next(batches)
-    pids = [w.pid for w in batches._workers]
+    pids = [w.pid for w in loader.worker_processes]
+    assert len(pids) == 2
     for pid in pids:
         os.kill(pid, signal.SIGTERM)
         os.kill(pid, signal.SIGUSR2)
     assert len([next(batches) for _ in range(10)]) == 10  # the loader would raise "worker killed by signal"
-    assert all(w.is_alive() for w in batches._workers) and [w.pid for w in batches._workers] == pids
+    assert all(w.is_alive() for w in loader.worker_processes) and [w.pid for w in loader.worker_processes] == pids
+    loader.close()  # the training process alone ends them
 
 
 def test_loader_without_workers():

@@ -45,3 +45,42 @@ def test_dataset_without_stats_or_key_is_a_user_error(tmp_path) -> None:
     with pytest.raises(UserError, match="model.state_key"):
         StateNormalizer.from_dataset(tmp_path, "observation.nope", "mean_std")
     assert StateNormalizer.from_dataset(tmp_path, "observation.nope", "none").mode == "none"
+
+
+# a saved normalization.json (what an evaluation feeds the policy with) that is there but wrong: one line naming the
+# file and the field, never NaN actions or a KeyError
+GOOD = {"key": "observation.state", "mode": "mean_std", "offset": [1.0, -2.0], "scale": [2.0, 0.0]}
+BAD_FILES = [
+    ("empty", "", "unreadable"),
+    ("not-json", "{", "unreadable"),
+    ("not-utf8", b"\xff\xfe", "unreadable"),
+    ("a-list", "[1, 2]", "not a JSON object"),
+    ("no-scale", json.dumps({k: v for k, v in GOOD.items() if k != "scale"}), "no 'scale' entry"),
+    ("key-not-text", json.dumps({**GOOD, "key": 3}), "key: not a feature name"),
+    ("unknown-mode", json.dumps({**GOOD, "mode": "minmax"}), "mode: 'minmax' is not one of"),
+    ("nan-offset", json.dumps({**GOOD, "offset": [float("nan"), 1.0]}), "offset[0]: nan is not finite"),
+    ("infinite-scale", json.dumps({**GOOD, "scale": [1.0, float("inf")]}), "scale[1]: inf is not finite"),
+    ("negative-scale", json.dumps({**GOOD, "scale": [1.0, -0.5]}), "scale[1]: -0.5 is negative"),
+    ("text-values", json.dumps({**GOOD, "offset": ["1", "2"]}), "offset: not a list of numbers"),
+    ("bool-values", json.dumps({**GOOD, "offset": [True, False]}), "offset: not a list of numbers"),
+    ("nested", json.dumps({**GOOD, "offset": [[1.0, 2.0]]}), "offset: not a list of numbers"),
+    ("lengths-differ", json.dumps({**GOOD, "scale": [1.0]}), "offset: 2 values, scale has 1"),
+    ("statistics-without-values", json.dumps({**GOOD, "offset": [], "scale": []}), "with no statistics"),
+]
+
+
+@pytest.mark.parametrize(("case", "content", "expected"), BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def test_a_broken_saved_normalizer_is_one_line(tmp_path, case, content, expected) -> None:
+    path = tmp_path / "normalization.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(UserError, match=expected.replace("[", r"\[").replace("]", r"\]")) as caught:
+        StateNormalizer.load(tmp_path)
+    line = caught.value.one_line()
+    assert str(path) in line and "\n" not in line and "fix:" in line
+
+
+def test_a_saved_normalizer_without_statistics_is_fine_for_mode_none(tmp_path) -> None:
+    (tmp_path / "normalization.json").write_text(json.dumps({"key": "s", "mode": "none", "offset": [], "scale": []}))
+    assert StateNormalizer.load(tmp_path) == StateNormalizer("s", "none")
+    (tmp_path / "normalization.json").write_text(json.dumps(GOOD))
+    assert StateNormalizer.load(tmp_path) == StateNormalizer("observation.state", "mean_std", (1.0, -2.0), (2.0, 0.0))

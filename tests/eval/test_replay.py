@@ -104,7 +104,9 @@ def test_validate_checks_the_replay_dataset(cli, tmp_path):
     from tests.helpers import one_line_error
 
     fixture = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "lerobot_v30_sample"
-    args = ["validate", "libero_cpu", f"data.root={fixture}"]
+    # the fixture is recorded at 10 fps (LIBERO's datasets at 20): the recipe's half-frame offsets would not exist
+    args = ["validate", "libero_cpu", f"data.root={fixture}",
+            f"data.delta_timestamps.action=[{','.join(str(i / 10) for i in range(10))}]"]
     assert cli(*args).code == 0  # replays the training dataset by default (${data.root})
     result = cli(*args, f"eval.suite_options.replay_dataset={tmp_path}/nope")
     assert result.code == 2

@@ -61,6 +61,8 @@ def test_the_bf16_policy_acts_like_the_fp32_one(tiny):
 def test_from_export_places_the_model_by_the_shards_gpus(tiny, tmp_path, monkeypatch):
     loaded, model = tiny
     export = make_export(tmp_path / "export", model, config_yaml=loaded.to_yaml())
+    # the statistics training saves beside the weights (the demo recipe normalises its 39-dim state)
+    StateNormalizer(loaded.config.model.state_key, "mean_std", (0.0,) * 39, (1.0,) * 39).save(export)
     policy = load_trained_policy(export, execute_steps=2, gpus=0)
     assert {p.dtype for p in policy.model.parameters()} == {torch.float32} and policy.device.type == "cpu"
     asked = []

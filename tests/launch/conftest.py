@@ -33,6 +33,15 @@ def training_run(tmp_path):
     optimizer = torch.optim.AdamW(model.parameters())
     with Checkpointer(run / "checkpoints", CheckpointConfig(every_steps=20)) as ckpt:
         ckpt.save(40, model, optimizer, blocking=True)
-    for name in ("normalization.json", "policy_io.json"):  # what the training loop writes next to checkpoints
-        (run / "checkpoints" / name).write_text(json.dumps({"file": name}))
+    for name, content in side_files(loaded.config.model).items():  # what training writes next to checkpoints
+        (run / "checkpoints" / name).write_text(json.dumps(content))
     return run, model
+
+
+def side_files(model) -> dict[str, dict]:
+    """normalization.json and policy_io.json as training writes them for the demo recipe's dataset (MetaWorld demos:
+    one camera, 4 action dims, the 39-dim environment state)."""
+    return {"normalization.json": {"key": model.state_key, "mode": model.state_norm, "offset": [0.5] * 39,
+                                   "scale": [2.0] * 39},
+            "policy_io.json": {"cameras": ["corner"], "image_size": 64, "state_key": model.state_key,
+                               "action_dim": 4, "fps": 80}}

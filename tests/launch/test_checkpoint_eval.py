@@ -3,8 +3,6 @@ chain), the export job, and sbatch's environment when a job submits them."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -68,7 +66,7 @@ def test_export_job_writes_the_step_export_with_side_files_and_unpins(training_r
     for key, tensor in model.state_dict().items():
         assert torch.equal(weights[key], tensor), key
     assert (out / "config.yaml").read_text() == (run / "resolved.yaml").read_text()
-    assert json.loads((out / "policy_io.json").read_text()) == {"file": "policy_io.json"}
+    assert (out / "policy_io.json").read_bytes() == (run / "checkpoints" / "policy_io.json").read_bytes()
     assert layout.pinned_by(checkpoint) == []
     assert export_task(str(target))["written"] is False  # already whole: not written again
     from embodyhpc.launch.eval import weights_dir

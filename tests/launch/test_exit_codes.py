@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -62,10 +63,15 @@ def _one_line_error(result) -> str:
 
 @pytest.mark.slow
 def test_training_that_fails_at_train_time_exits_1(cli, runs_root, tmp_path):
-    garbage = tmp_path / "demos.hdf5"  # exists (passes every check at submit), breaks when training opens it
-    garbage.write_bytes(os.urandom(4096))
-    result = cli("submit", DEMO, "--local", "--json", f"job.runs_root={runs_root}", *TINY, "data.format=hdf5",
-                 f"data.root={garbage}", f"data.delta_timestamps={CHUNK}")
+    # metadata intact (passes every check at submit, which refuses a dataset it cannot read), a video cut in half:
+    # training breaks when a worker decodes a frame of the lost half
+    root = tmp_path / "demos"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "fixtures" / "lerobot_v30_sample", root)
+    garbage = root / "videos" / "observation.images.top" / "chunk-000" / "file-000.mp4"
+    garbage.chmod(0o644)
+    garbage.write_bytes(garbage.read_bytes()[: garbage.stat().st_size // 2])
+    result = cli("submit", DEMO, "--local", "--json", f"job.runs_root={runs_root}", *TINY, "data.format=lerobot",
+                 f"data.root={root}", f"data.delta_timestamps={CHUNK}", "train.warmup_steps=1")
     assert result.code == 1
     error = _one_line_error(result)
     assert "train FAILED" in error and str(garbage) in error and "0 of 3 shards completed" in error
@@ -77,7 +83,10 @@ def test_no_shard_completing_exits_1(cli, runs_root, broken_metaworld):
     broken_metaworld(4)  # every shard, and the report
     result = cli("submit", DEMO, "--local", f"job.runs_root={runs_root}", *TINY, "train.steps=2")
     assert result.code == 1
-    assert "eval FAILED (3 shard(s) failed), 0 of 3 shards completed" in _one_line_error(result)
+    # the first failed shard's own reason, not only a count: the user reads why without opening a log
+    error = _one_line_error(result)
+    assert "eval FAILED (3 shard(s) failed; first, shard 0: ImportError: " in error
+    assert "metaworld broken in this process" in error and "0 of 3 shards completed" in error
     assert "train" not in _one_line_error(result).split(":", 2)[2].split(";")[0]  # training completed
 
 
@@ -99,6 +108,24 @@ def test_eval_local_with_failing_shards_exits_1(cli, training_run, broken_metawo
                  "eval.episodes_per_task=1", "eval.max_steps=5", "eval.reference_policies=[]")
     assert result.code == 1
     assert "0 of 3 shards completed" in _one_line_error(result)
+
+
+@pytest.mark.slow
+def test_eval_local_names_why_the_shards_failed(cli, training_run, runs_root):
+    """A failure only the shard can see (it asks for a GPU; CUDA sees none on this node): `eval --local` exits 1
+    with the shard's own one-line reason in the "eval FAILED" line."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this node has a GPU: the shards would not fail")
+    run, _ = training_run
+    result = cli("eval", "--ckpt", str(run / "checkpoints" / "step-40"), "--local", f"job.runs_root={runs_root}",
+                 "eval.shards=2", "eval.episodes_per_task=1", "eval.max_steps=2", "eval.reference_policies=[]",
+                 "eval.gpus_per_task=1")
+    assert result.code == 1
+    error = _one_line_error(result)
+    assert ("eval FAILED (2 shard(s) failed; first, shard 0: RuntimeError: the evaluation asks for 1 GPU(s) per "
+            "shard (eval.gpus_per_task) but CUDA sees none on this node; set eval.gpus_per_task=0") in error, error
 
 
 def _record(run: Path, report: dict | None, jobs: dict[str, dict]) -> None:

@@ -171,6 +171,10 @@ DAMAGED_EXPORTS = [
     ("config-edited", lambda e: (e / "config.yaml").write_text("model: {size: small}\n")),
     ("export-json-without-hash", lambda e: (e / "export.json").write_text(json.dumps(
         {k: v for k, v in json.loads((e / "export.json").read_text()).items() if k != "sha256"}))),
+    ("statistics-edited", lambda e: (e / "normalization.json").write_text(
+        (e / "normalization.json").read_text().replace("0.5", "0.25"))),
+    ("policy-io-deleted", lambda e: (e / "policy_io.json").unlink()),
+    ("tokenizer-dropped-in", lambda e: (e / "tokenizer.json").write_text("{}")),
 ]
 
 
@@ -187,6 +191,40 @@ def test_a_damaged_step_export_is_not_reused(training_run, case, damage):
     weights, _ = load_exported(weights_dir(load_resolved(second), second))
     for key, tensor in model.state_dict().items():
         assert torch.equal(weights[key], tensor), key
+
+
+def test_the_export_copies_the_run_s_side_files_and_records_their_hashes(training_run):
+    import hashlib
+
+    source, _ = training_run
+    export_task(str(eval_run(source)))
+    canonical = source / "exports" / "step-40"
+    recorded = json.loads((canonical / "export.json").read_text())["side_files"]
+    expected = {name: hashlib.sha256((source / "checkpoints" / name).read_bytes()).hexdigest()
+                for name in ("normalization.json", "policy_io.json")}
+    assert recorded == {**expected, "tokenizer.model": None, "tokenizer.json": None}
+    for name in expected:
+        assert (canonical / name).read_bytes() == (source / "checkpoints" / name).read_bytes()
+
+
+@pytest.mark.parametrize(("name", "content", "expected"), [
+    ("normalization.json", '{"key": "observation.environment_state", "mode": "mean_std", "offset": [NaN], '
+                           '"scale": [1.0]}', r"offset\[0\]: nan is not finite"),
+    ("policy_io.json", '{"cameras": "corner"}', "not a list of camera names"),
+    ("policy_io.json", "", "unreadable"),
+])
+def test_broken_side_files_are_refused_before_the_export_is_written(training_run, name, content, expected):
+    """An evaluation beside training goes through the export job, not `eval --ckpt`: it checks them too."""
+    from embodyhpc.errors import UserError
+
+    source, _ = training_run
+    (source / "checkpoints" / name).write_text(content)
+    run = eval_run(source)
+    with pytest.raises(UserError, match=expected) as caught:
+        export_task(str(run))
+    assert str(source / "checkpoints" / name) in caught.value.one_line()
+    assert not (source / "exports").exists() and not (run / "export").exists()
+    assert layout.pinned_by(source / "checkpoints" / "step-40") == []
 
 
 def test_a_whole_matching_export_is_reused(training_run):
@@ -285,8 +323,6 @@ def test_the_trained_policy_loads_a_whole_export_and_refuses_one_that_does_not_f
     run = eval_run(source)
     export_task(str(run))
     exported = weights_dir(load_resolved(run), run)
-    for name in ("normalization.json", "policy_io.json"):  # the fixture's placeholders, not real side files
-        (exported / name).unlink()
     policy = load_trained_policy(exported, execute_steps=2)
     assert policy.step == 40
     for key, tensor in model.state_dict().items():

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from embodyhpc.rundir import LOCK_FILE
 from tests.helpers import run_dir_from, statuses
 
 DEMO = "recipes/smoke_cpu.yaml"
@@ -17,7 +18,7 @@ def test_local_chain_completes(cli, runs_root):
     assert result.code == 0, result.err
     run_dir = run_dir_from(result.out)
     assert sorted(p.name for p in run_dir.iterdir()) == [
-        "checkpoints", "eval", "logs", "resolved.yaml", "run.json", "scripts", "submitit"]
+        LOCK_FILE, "checkpoints", "eval", "logs", "resolved.yaml", "run.json", "scripts", "submitit"]
     train = json.loads((run_dir / "logs" / "train_result.json").read_text())
     assert train["world_size"] == 2 and train["allreduce_sum"] == 3.0 and train["steps"] == 30
     jobs = statuses(cli, run_dir)

@@ -78,6 +78,8 @@ def lerobot_policy_folder(folder: Path, source=None, *, stats: dict | None = Non
         from embodyhpc.models.pi05.weights import save_pi05_weights
 
         save_pi05_weights(source, folder / "model.safetensors", key_prefix="model.")
+    else:
+        _no_weights(folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps({"type": "pi05"}))
     pipeline = pipeline if pipeline is not None else preprocessor_json()
     (folder / "policy_preprocessor.json").write_text(json.dumps(pipeline))
@@ -88,6 +90,14 @@ def lerobot_policy_folder(folder: Path, source=None, *, stats: dict | None = Non
     return folder
 
 
+def _no_weights(path: Path) -> None:
+    """A valid safetensors file holding no tensor: what validate's format check reads (header length + JSON header)
+    for a test about the folder's other files; training would refuse it as missing every weight."""
+    from safetensors.numpy import save_file
+
+    save_file({}, str(path))
+
+
 def openpi_folder(folder: Path, source=None, *, asset_ids=("physical-intelligence/libero",),
                   state: dict | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
@@ -95,6 +105,8 @@ def openpi_folder(folder: Path, source=None, *, asset_ids=("physical-intelligenc
         from embodyhpc.models.pi05.weights import save_pi05_weights
 
         save_pi05_weights(source, folder / "model.safetensors")
+    else:
+        _no_weights(folder / "model.safetensors")
     entry = state if state is not None else {"mean": CHECKPOINT_MEAN, "std": CHECKPOINT_STD,
                                              "q01": CHECKPOINT_Q01, "q99": CHECKPOINT_Q99}
     for asset_id in asset_ids:

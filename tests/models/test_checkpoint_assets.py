@@ -23,6 +23,7 @@ from tests.helpers import one_line_error
 from tests.models import published_assets as pa
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "lerobot_v30_sample"
+CHUNK = f"data.delta_timestamps.action=[{','.join(str(i / 10) for i in range(10))}]"  # the fixture's 10 fps, horizon 10
 DATASET_STATS = json.loads((FIXTURE / "meta" / "stats.json").read_text())["observation.state"]
 
 
@@ -283,7 +284,7 @@ def test_the_normalizer_of_a_checkpoint_normalises_as_lerobot_does(tmp_path):
 
 def test_validate_refuses_a_bad_statistics_file_in_one_line(cli, tmp_path):
     bad = _openpi(tmp_path, "nan", {**GOOD, "q01": [NAN] + pa.CHECKPOINT_Q01[1:]})
-    args = ["smoke_cpu", "data.format=lerobot", f"data.root={FIXTURE}", "model.state_norm=quantile"]
+    args = ["smoke_cpu", "data.format=lerobot", f"data.root={FIXTURE}", "model.state_norm=quantile", CHUNK]
     result = cli("validate", *args, f"model.norm_stats={bad}")
     assert result.code == 2
     one_line_error(result, "model.norm_stats", "norm_stats.json", "q01[0] is nan", "fix")
@@ -313,13 +314,13 @@ def test_statistics_of_another_robot_with_the_same_state_size_are_warned_about(c
                                            str(FIXTURE))
     assert fit_warning(described, str(FIXTURE), source) is None
     result = cli("validate", "smoke_cpu", "data.format=lerobot", f"data.root={FIXTURE}", "model.state_norm=quantile",
-                 f"model.init_weights={other}")
+                 CHUNK, f"model.init_weights={other}")
     assert result.code == 0 and "warning: model.norm_stats: the statistics of" in result.err, result.err
 
 
 def test_a_full_size_run_needs_no_tokenizer_path_when_the_checkpoint_carries_one(cli, tmp_path):
     folder = pa.lerobot_policy_folder(tmp_path / "pi05_base", stats=pa.lerobot_stats())
-    args = ["validate", "recipes/pi05_libero.yaml", "--site", "example_ib", f"data.root={FIXTURE}",
+    args = ["validate", "recipes/pi05_libero.yaml", "--site", "example_ib", f"data.root={FIXTURE}", CHUNK,
             "site.account=me", f"model.init_weights={folder}"]
     result = cli(*args)
     assert result.code == 0 and "tokenizer_path is unset" not in result.err, result.err

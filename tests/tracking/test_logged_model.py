@@ -30,6 +30,8 @@ def export(tmp_path):
     out = make_export(tmp_path / "run" / "export", model, config_yaml=loaded.to_yaml())
     (out / POLICY_IO_FILE).write_text(json.dumps({"cameras": ["corner"], "image_size": 32, "state_key": STATE,
                                                   "action_dim": 4, "fps": 10}))
+    (out / "normalization.json").write_text(json.dumps({"key": STATE, "mode": "mean_std", "offset": [0.0] * 39,
+                                                        "scale": [1.0] * 39}))  # the recipe normalises its state
     return out, loaded.config
 
 

@@ -36,6 +36,7 @@ def test_a_run_uses_the_checkpoints_statistics_and_tokenizer_and_keeps_them_on_r
         assert stats["mode"] == "quantile" and stats["key"] == "observation.state"
         assert stats["offset"] == pytest.approx(offset) and stats["scale"] == pytest.approx(scale), where
         assert (where / "tokenizer.model").read_bytes() == tokenizer, where
+    _side_files_are_hashed(run / "export")
     dataset_stats = json.loads((loop_workers.FIXTURE / "meta" / "stats.json").read_text())["observation.state"]
     assert stats["offset"][0] != pytest.approx((dataset_stats["q01"][0] + dataset_stats["q99"][0]) / 2)
 
@@ -55,3 +56,14 @@ def test_a_run_uses_the_checkpoints_statistics_and_tokenizer_and_keeps_them_on_r
     assert (run / "checkpoints" / "normalization.json").read_text() == before
     assert json.loads((run / "export" / "normalization.json").read_text())["offset"] == pytest.approx(offset)
     assert (run / "export" / "tokenizer.model").read_bytes() == tokenizer
+    _side_files_are_hashed(run / "export")
+
+
+def _side_files_are_hashed(export) -> None:
+    """export.json records the hash of every file the policy's behaviour depends on (and that it has no
+    tokenizer.json), so an evaluation refuses one changed afterwards."""
+    from embodyhpc.checkpoint.integrity import sha256_file, verify_export
+
+    recorded = verify_export(export)["side_files"]
+    assert recorded == {**{name: sha256_file(export / name) for name in
+                           ("normalization.json", "policy_io.json", "tokenizer.model")}, "tokenizer.json": None}

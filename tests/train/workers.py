@@ -19,6 +19,7 @@ from embodyhpc.config.schema import (
     CheckpointConfig,
     Config,
     DataConfig,
+    EvalConfig,
     ModelConfig,
     PrecisionConfig,
     ResourcesConfig,
@@ -46,6 +47,7 @@ def recipe(world_size: int, *, steps: int, every_steps: int, export_final: bool 
         precision=PrecisionConfig(mode=precision),
         checkpoint=CheckpointConfig(every_steps=every_steps, keep_latest_k=3, async_save=True,
                                     export_final=export_final),
+        eval=EvalConfig(execute_steps=HORIZON),  # resolve() refuses more actions per chunk than the horizon
     )
 
 

@@ -65,6 +65,7 @@ SPEC = ModelSpec(
     inference="embodyhpc.models.groot.inference:GrootRunner",
     weights="embodyhpc.models.groot.weights:ADAPTER",
     smoke="embodyhpc.models.groot.smoke:SMOKE",
+    check_dataset="embodyhpc.models.groot.dataset_fit:check_dataset",
     tokenizer_file=(("full", ("the full-size GR00T needs Eagle 2.5's Qwen3 tokenizer file",
                               "/path/to/eagle2.5/tokenizer.json")),),
 )

@@ -23,6 +23,7 @@ SPEC = ModelSpec(
     inference="embodyhpc.models.pi05.inference:Pi05Runner",
     weights="embodyhpc.models.pi05.weights:ADAPTER",
     smoke="embodyhpc.models.pi05.smoke:SMOKE",
+    check_dataset="embodyhpc.models.pi05.dataset_fit:check_dataset",
     tokenizer_file=(("full", ("the full-size pi0.5 needs the PaliGemma tokenizer file", "/path/to/tokenizer.model")),),
 )
 
