@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from embodyhpc.models.pinning import pin_batch
 from embodyhpc.models.tokenizer import Tokenizer, encode_prompt
 
 _HOST_FIELDS = ("prompt_lengths", "image_mask")
@@ -80,22 +81,9 @@ class Pi05Batch:
         return Pi05Batch(**moved)
 
     def pin_memory(self) -> Pi05Batch:
-        """The batch with every tensor that `to()` moves in page-locked memory; the DataLoader's pin-memory thread
-        calls this (torch 2.13's `pin_memory(data, device)` calls `data.pin_memory()` on types it does not know),
-        so that the `non_blocking` copies in `to()` overlap with compute instead of staging through pageable memory.
-
-        Host fields are not pinned: they never travel, and page-locked memory is a scarce resource. A tensor held by
-        two fields is pinned once and stays shared; `rows` (plain Python) is shared as it is.
-        """
-        pinned: dict[int, torch.Tensor] = {}
-        changes = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor) and f.name not in _HOST_FIELDS:
-                if id(value) not in pinned:
-                    pinned[id(value)] = value.pin_memory()
-                changes[f.name] = pinned[id(value)]
-        return replace(self, **changes)
+        """The batch with every tensor that `to()` moves in page-locked memory (models/pinning.py); host fields
+        stay as they are."""
+        return pin_batch(self, _HOST_FIELDS)
 
     def select(self, indices: list[int]) -> Pi05Batch:
         """The given samples as an unpacked batch of their own (tests, evaluation of single samples)."""
