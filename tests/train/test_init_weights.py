@@ -62,6 +62,7 @@ def test_fine_tuning_starts_from_the_checkpoint_and_no_rank_reads_all_of_it(tmp_
     assert sum(r["bytes_read"] for r in ranks) <= model_bytes * 1.01
 
 
+@pytest.mark.slow  # 2-rank jobs: 2.6 s alone here, over the fast loop's budget
 def test_refusals_reach_every_rank_in_one_line(tmp_path):
     source, path = published(tmp_path)
     tensors = load_file(path)
