@@ -116,9 +116,31 @@ def chain_states(infos: list[RunInfo]) -> tuple[list[list], str | None]:
     out = []
     for info, jobs in zip(infos, statuses, strict=True):
         gone = _driver_gone(info)
-        out.append([dataclasses.replace(s, state="INTERRUPTED", reason=gone) if gone and s.state in ACTIVE else s
-                    for s in jobs])
+        jobs = [dataclasses.replace(s, state="INTERRUPTED", reason=gone) if gone and s.state in ACTIVE else s
+                for s in jobs]
+        out.append([_with_training_error(info, s) for s in jobs])
     return out, from_disk
+
+
+def _with_training_error(info: RunInfo, status):
+    """A failed training job's reason from the job itself: the one-line error its rank 0 left in
+    logs/train_result.json (a data worker's failure, a refused checkpoint), where Slurm only knows an exit code. Used
+    when the record is of this job (its Slurm id; a local chain's has none)."""
+    import json
+
+    from embodyhpc.rundir import RESULT_FILE
+
+    if status.kind != "train" or status.state != "FAILED":
+        return status
+    try:
+        record = json.loads((Path(info.run_dir) / RESULT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return status
+    if not isinstance(record, dict) or record.get("status") != "failed" or not isinstance(record.get("error"), str):
+        return status
+    if record.get("job_id") not in (None, status.job_id):
+        return status  # an earlier attempt's record
+    return dataclasses.replace(status, reason=record["error"][:500])
 
 
 def _driver_gone(info: RunInfo) -> str | None:

@@ -316,3 +316,28 @@ def test_submit_local_shows_training_progress_on_stderr(tmp_path):
     assert found, result.stderr[-2000:]
     assert float(found.group(1)) >= 0.02 * 0.99  # the pace holds: no step faster than data.synthetic_step_s
     assert "\r" not in result.stderr and "\x1b" not in result.stderr
+
+
+def test_a_failed_training_shows_its_own_error_where_slurm_knows_an_exit_code(cli, tmp_path, monkeypatch):
+    """A Slurm training job that failed (sacct: FAILED, exit 1) shows the one-line error its rank 0 recorded in
+    logs/train_result.json (a data worker's failure, which every rank raised), when the record is of that job."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sacct").write_text("#!/bin/sh\n" + "".join(f'echo "{job_id}|FAILED|1:0|None|n2|00:00:05"\n'
+                                                          for job_id in ("301", "302")))
+    (bin_dir / "squeue").write_text("#!/bin/sh\n")
+    for tool in ("sacct", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    root = tmp_path / "runs"
+    error = "DataWorkerError: rank 1, data worker 0: ConfigError: model.action_horizon: the episode has 12 frames"
+    for name, job_id, recorded in (("mine-20261125-100000", "301", "301"), ("old-20261125-100000", "302", "17")):
+        run = make_run(root, "s", name, backend="slurm", driver=None, train=job("train", None, job_id))
+        (run / "logs" / "train_result.json").write_text(json.dumps({"status": "failed", "error": error,
+                                                                   "job_id": recorded}))
+    found = rows(cli, root)
+    assert found["s/mine-20261125-100000"]["state"] == "FAILED"
+    assert found["s/mine-20261125-100000"]["reason"] == error
+    assert found["s/old-20261125-100000"]["reason"] != error  # an earlier attempt's record is not this job's
+    status = cli("status", str(root / "s" / "mine-20261125-100000"))
+    assert "rank 1, data worker 0" in status.out + status.err

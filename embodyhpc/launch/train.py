@@ -135,7 +135,8 @@ def _failure_recorded(run_dir: Path, rank: int) -> Iterator[None]:
             from embodyhpc.data.guard import one_line
 
             try:
-                write_json_atomic(run_dir / RESULT_FILE, {"status": "failed", "error": one_line(exc)})
+                write_json_atomic(run_dir / RESULT_FILE, {"status": "failed", "error": one_line(exc),
+                                                          "job_id": os.environ.get("SLURM_JOB_ID")})
             except OSError as record_exc:  # the record is for people; the job fails with `exc` either way
                 print(f"train: could not record the failure in {RESULT_FILE}: {record_exc}", flush=True)
         raise
