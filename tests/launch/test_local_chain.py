@@ -10,6 +10,7 @@ from embodyhpc.rundir import LOCK_FILE
 from tests.helpers import run_dir_from, statuses
 
 DEMO = "recipes/smoke_cpu.yaml"
+CHUNK = f"data.delta_timestamps.action=[{','.join(str(i / 10) for i in range(10))}]"  # a dataset's chunk, horizon 10
 
 
 @pytest.mark.slow
@@ -37,7 +38,7 @@ def test_local_chain_completes(cli, runs_root):
 @pytest.mark.slow
 def test_local_failed_training_skips_eval_and_reports(cli, runs_root):
     result = cli("submit", DEMO, "--local", "--json", f"job.runs_root={runs_root}",
-                 "data.format=hdf5", "data.root=/nonexistent/demos.hdf5")
+                 "data.format=hdf5", "data.root=/nonexistent/demos.hdf5", CHUNK)
     assert result.code == 1 and "train FAILED" in result.err, result.err
     jobs = statuses(cli, run_dir_from(result.out))
     assert jobs["train"]["state"] == "FAILED" and "/nonexistent/demos.hdf5" in jobs["train"]["reason"]

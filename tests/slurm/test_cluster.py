@@ -12,6 +12,7 @@ from tests.helpers import run_dir_from, statuses, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]  # one worker: the cluster has 2 nodes
 DEMO = "recipes/smoke_cpu.yaml"
+CHUNK = f"data.delta_timestamps.action=[{','.join(str(i / 10) for i in range(10))}]"  # a dataset's chunk, horizon 10
 
 
 def _submit(cli, runs_root, *overrides):
@@ -111,7 +112,7 @@ def test_policy_trains_on_a_dataset_staged_to_each_node(cli, slurm_cluster, runs
 
 
 def test_failed_training_cancels_eval_and_report_says_why(cli, slurm_cluster, runs_root):
-    run_dir = _submit(cli, runs_root, "data.format=lerobot", "data.root=/nonexistent/dataset")
+    run_dir = _submit(cli, runs_root, "data.format=lerobot", "data.root=/nonexistent/dataset", CHUNK)
     report = _report(run_dir)
     assert report["outcome"] == "train_failed"
     # exit 1 from the rank that failed, or 15 when srun's --kill-on-bad-exit ended the other rank first

@@ -12,6 +12,7 @@ from embodyhpc.config.schema import (
     CheckpointConfig,
     Config,
     DataConfig,
+    EvalConfig,
     ModelConfig,
     ParallelismConfig,
     PrecisionConfig,
@@ -36,6 +37,7 @@ def groot_recipe(world_size: int, steps: int, init_weights: str | None = None) -
                           warmup_steps=1, grad_clip=1.0, seed=3, log_every=1),
         precision=PrecisionConfig(mode="fp32"),
         checkpoint=CheckpointConfig(every_steps=steps, keep_latest_k=2, async_save=False, export_final=True),
+        eval=EvalConfig(execute_steps=HORIZON),  # resolve() refuses more actions per chunk than the horizon
     )
 
 
