@@ -27,6 +27,17 @@ def test_state_bins() -> None:
     assert discretize_state(torch.tensor([0.0, 0.5]), num_bins=4) == [2, 3]
 
 
+def test_state_bins_are_openpis_digitize_inside_the_range() -> None:
+    """openpi's pi0.5 prompt (and LeRobot's port): np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1, on states
+    already in [-1, 1]; checked on random values and on every bin edge (dyadic, so exact in float32)."""
+    import numpy as np
+
+    edges = np.linspace(-1.0, 1.0, 257)[:-1]
+    values = np.concatenate([np.random.default_rng(0).uniform(-1.0, 1.0, 4000), edges, [1.0]]).astype(np.float32)
+    expected = np.clip(np.digitize(values.astype(np.float64), edges) - 1, 0, 255).tolist()
+    assert discretize_state(torch.from_numpy(values)) == expected
+
+
 def test_prompt_format_and_truncation() -> None:
     tok = ByteTokenizer()
     ids = encode_prompt(tok, "  pick_up  the cup ", torch.tensor([0.0, 1.0]), max_tokens=200)

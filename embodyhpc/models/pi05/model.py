@@ -44,11 +44,13 @@ def sample_time(num_samples: int, *, generator: torch.Generator | None = None,
 
 
 def time_embedding(time: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sinusoidal embedding [N, dim] of times in [0, 1], periods log-spaced from 4e-3 to 4."""
-    fraction = torch.linspace(0.0, 1.0, dim // 2, device=time.device, dtype=torch.float32)
+    """Sinusoidal embedding [N, dim] (float32) of times in [0, 1]: [sin | cos] of 2 pi t / period, periods
+    log-spaced from 4e-3 to 4. Angles in float64, as openpi's PyTorch pi0.5 computes them: at t ~ 1 the shortest
+    period's angle is ~1571 rad, where float32 loses ~6e-5 in sin/cos (tests/models/test_reference_pi05.py)."""
+    fraction = torch.linspace(0.0, 1.0, dim // 2, device=time.device, dtype=torch.float64)
     period = TIME_MIN_PERIOD * (TIME_MAX_PERIOD / TIME_MIN_PERIOD) ** fraction
-    angle = time.float()[:, None] / period * (2 * math.pi)
-    return torch.cat([angle.sin(), angle.cos()], dim=-1)
+    angle = time.double()[:, None] / period * (2 * math.pi)
+    return torch.cat([angle.sin(), angle.cos()], dim=-1).float()
 
 
 def _generator_device(generator: torch.Generator | None, device) -> torch.device:
