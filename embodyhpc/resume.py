@@ -398,11 +398,22 @@ def _local_alive(pids: list[str | None]) -> bool:
 # ---- doing it ----
 def resume(plan: ResumePlan, python: str, *, local: bool = False, progress: Progress = print,
            lock: RunLock | None = None) -> RunInfo:
-    """Start the new attempt: archive what the last one left (embodyhpc.attempts: staged, then one rename), rewrite
-    resolved.yaml and run.json, reopen the MLflow run, and submit the chain (Slurm when reachable, else locally).
-    `lock` (lock_run, held since the plan was made) turns shared while a chain runs here: evaluations of the run
-    may go on beside it, another resume may not."""
+    """Start the new attempt (begin_attempt) and submit the chain (Slurm when reachable, else locally). `lock`
+    (lock_run, held since the plan was made) turns shared while a chain runs here: evaluations of the run may go on
+    beside it, another resume may not."""
     from embodyhpc.orchestrate.api import run_chain
+
+    loaded, info = begin_attempt(plan, python, local=local, progress=progress)
+    if lock is not None and info.backend == "local":
+        lock.share()
+    return run_chain(loaded, info, progress=progress)
+
+
+def begin_attempt(plan: ResumePlan, python: str, *, local: bool = False,
+                  progress: Progress = print) -> tuple[LoadedRecipe, RunInfo]:
+    """Everything a resume does before its chain starts: choose the backend, archive what the last attempt left
+    (embodyhpc.attempts: staged, then one rename), rewrite resolved.yaml and run.json, reopen the MLflow run (the
+    values after the checkpoint dropped). Returns the recipe and the run's record for the chain."""
     from embodyhpc.submit import prepare_launch
 
     loaded, backend = prepare_launch(plan.loaded, python, local=local, progress=progress, warnings=plan.warnings)
@@ -432,9 +443,7 @@ def resume(plan: ResumePlan, python: str, *, local: bool = False, progress: Prog
     progress(f"attempt {info.attempt} of {run}: from the checkpoint of step {plan.from_step} to "
              f"train.steps={loaded.config.train.steps} on {loaded.resolved.world_size} rank(s); {moved}")
     _reopen_mlflow(loaded, info, progress)
-    if lock is not None and info.backend == "local":
-        lock.share()
-    return run_chain(loaded, info, progress=progress)
+    return loaded, info
 
 
 def _os_error(exc: BaseException) -> str:

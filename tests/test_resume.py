@@ -204,6 +204,39 @@ def test_a_completed_run_without_more_steps(cli, runs_root):
     assert "already trained to train.steps=40" in line
 
 
+def test_a_completed_run_is_extended_by_raising_train_steps(cli, runs_root):
+    """The run trained to its train.steps (its newest checkpoint is the last step, its chain COMPLETED): raising
+    train.steps trains on from that checkpoint. The dry run says so for the policy's DCP checkpoint; the attempt
+    itself (everything before its chain starts: resume.begin_attempt) records attempt 2 from step 40 to 80 and moves
+    attempt 1's outputs aside (the synthetic stand-in: its preflight needs no dataset)."""
+    import torch
+
+    from embodyhpc.resume import begin_attempt, plan_resume
+
+    run = fake_run(runs_root, steps=40, checkpoints=(20, 40), train_state="COMPLETED")
+    result = cli("resume", str(run), "--dry-run", "train.steps=80")
+    assert result.code == 0, result.err
+    assert "would start from the checkpoint of step 40 and train to train.steps=80" in result.out
+    assert "train.steps: 40 -> 80" in result.out
+
+    (runs_root / "synthetic").mkdir()
+    run = fake_run(runs_root / "synthetic", steps=40, checkpoints=(), train_state="COMPLETED",
+                   overrides=("data.format=synthetic",))
+    torch.save({"step": 40, "weights": torch.zeros(4)}, run / "checkpoints" / "spine-state.pt")
+    (run / "export").mkdir()
+    (run / "export" / "model.safetensors").write_bytes(b"attempt 1's weights")
+    said: list[str] = []
+    plan = plan_resume(run, ["train.steps=80"], progress=said.append)
+    loaded, info = begin_attempt(plan, sys.executable, local=True, progress=said.append)
+    assert (plan.from_step, loaded.config.train.steps, info.attempt, info.resumed_from_step) == (40, 80, 2, 40)
+    again = RunInfo.load(run)
+    assert again.attempt == 2 and again.attempt_overrides == ["train.steps=80"]
+    assert again.attempts[0].jobs["train"].state == "COMPLETED" and "train" not in again.jobs
+    assert load_recipe(str(run / "resolved.yaml"), recipe_site_keys="keep").config.train.steps == 80
+    assert (run / "attempts" / "1" / "export" / "model.safetensors").read_bytes() == b"attempt 1's weights"
+    assert not (run / "export").exists()
+
+
 @pytest.mark.parametrize("value, problem", [("abc", "train.steps"), ("-5", "train.steps"), ("0", "train.steps"),
                                             ("1.5", "train.steps"), ("[1]", "train.steps"), ("", "train.steps"),
                                             ("10", "below the step the newest checkpoint holds (20)"),

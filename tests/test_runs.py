@@ -159,6 +159,47 @@ def test_status_of_an_interrupted_local_run(cli, root):
     assert [j["state"] for j in data["jobs"]] == ["INTERRUPTED", "INTERRUPTED"]
 
 
+def test_a_live_resumed_local_run_is_running_not_interrupted(cli, tmp_path):
+    """A local run submitted days ago and resumed now: its driver (this process) started after the first attempt
+    was created, before the resumed one was; the newest attempt's time is what the driver is judged by."""
+    from embodyhpc.rundir import JobRecord, RunInfo
+
+    root = tmp_path / "runs"
+    days_ago = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(time.time() - 10 * 86400))
+    run = make_run(root, "demo", "demo-20261115-100000", created=days_ago, train=job("train", "FAILED"))
+    info = RunInfo.load(run)
+    info.start_attempt(backend="local", site=None, python="python", overrides=["train.steps=200"],
+                       resumed_from_step=100, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    info.driver = ME  # what backend_local records: the resume's process, alive
+    info.jobs = {"train": JobRecord("train", job_id="555", state="RUNNING")}
+    info.save()
+    row = rows(cli, root)["demo/demo-20261115-100000"]
+    assert (row["state"], row["job"], row["reason"]) == ("RUNNING", "train", None)
+    data = json.loads(cli("status", str(run), "--json").out)
+    assert data["state"] == "RUNNING" and [j["state"] for j in data["jobs"]] == ["RUNNING"]
+
+
+def test_latest_is_the_newest_of_runs_made_in_one_second(cli, tmp_path, monkeypatch):
+    """Folders made in the same second get -1, -2, ... -10 (rundir.new_run_dir); `latest` and the listing follow
+    that order, numerically (-10 after -9)."""
+    from types import SimpleNamespace
+
+    from embodyhpc import rundir
+    from embodyhpc.submit import find_run
+
+    root = tmp_path / "runs"
+    with monkeypatch.context() as frozen:
+        frozen.setattr(rundir, "time", SimpleNamespace(strftime=lambda fmt: "20261125-180000"))
+        made = [rundir.new_run_dir(str(root), "demo", "demo") for _ in range(12)]
+    assert [p.name for p in made[:3]] == ["demo-20261125-180000", "demo-20261125-180000-1",
+                                          "demo-20261125-180000-2"] and made[-1].name.endswith("-11")
+    for path in made:
+        make_run(root, "demo", path.name)
+    assert find_run("latest", root) == made[-1]
+    assert list(rows(cli, root)) == [f"demo/{p.name}" for p in reversed(made)]
+    assert json.loads(cli("status", "latest", "--runs-root", str(root), "--json").out)["run_dir"] == str(made[-1])
+
+
 @pytest.mark.parametrize("content", [b"", b"\n\n", b"not json\n", b'{"step": "7"}\n', b'{"step": -1}\n',
                                      b'{"step": NaN}\n', b"[1, 2]\n", b"\xff\xfe\n", b'{"step": 3, "loss": 0.5}'])
 def test_metrics_lines_that_are_not_a_logged_step(tmp_path, content):

@@ -102,17 +102,45 @@ def slurm_mem(key: str, value: str) -> None:
 
 
 def env_names(key: str, env: dict[str, str]) -> None:
-    from embodyhpc.config.guards import looks_secret
-
+    """The variables a mapping exports to jobs (site.env, network.extra_env; site.secrets lists names only): valid
+    names, no control characters, and no secret-looking name (secret_variable)."""
     for name, value in env.items():
         if not _ENV_NAME_RE.match(name):
             raise ConfigError(f"{name!r} is not a valid environment variable name", key=f"{key}.{name}")
         no_control_chars(f"{key}.{name}", str(value))
-        if looks_secret(name) and key != "site.secrets":
-            raise ConfigError(f"{name} looks like a secret: its value would be written to resolved.yaml, MLflow "
-                              "and the scripts", key=f"{key}.{name}",
-                              fix=f"list {name} in site.secrets of the site profile instead: jobs inherit it from "
-                                  "your environment")
+        if key != "site.secrets":
+            secret_variable(f"{key}.{name}", name)
+
+
+def secret_variable(key: str, name: str, how: str | None = None) -> None:
+    """Refuse a variable with a secret-looking name (HF_TOKEN, WANDB_API_KEY) given a value in the recipe: the
+    value would be written to resolved.yaml, MLflow and the scripts. Every place a recipe hands a job a variable's
+    value goes through here (env_names, srun_exports)."""
+    from embodyhpc.config.guards import looks_secret
+
+    if looks_secret(name):
+        what = f"{how} {name}, which looks" if how else f"{name} looks"
+        raise ConfigError(f"{what} like a secret: its value would be written to resolved.yaml, MLflow and the "
+                          "scripts", key=key,
+                          fix=f"list {name} in site.secrets of the site profile instead: jobs inherit it from your "
+                              "environment")
+
+
+def srun_exports(key: str, args: list[str]) -> None:
+    """srun's --export in extra srun arguments (`--export=ALL,NAME=value` or `--export`, `ALL,NAME=value`; srun
+    takes an unambiguous start of the option, `--expo=`, too) hands the job NAME=value as site.env does: the same
+    secret check (secret_variable). Names alone (`--export=ALL,HF_TOKEN`, pyxis's `--container-env=HF_TOKEN`) pass
+    the submitting environment's value on and write none."""
+    for index, arg in enumerate(args):
+        option, sep, value = str(arg).partition("=")
+        if not (len(option) >= len("--exp") and "--export".startswith(option)):
+            continue
+        if not sep:
+            value = str(args[index + 1]) if index + 1 < len(args) else ""
+        for item in value.split(","):
+            name, assigned, _ = item.partition("=")
+            if assigned:
+                secret_variable(key, name.strip(), how=f"srun {option} sets")
 
 
 def sbatch_options(key: str, options: dict[str, str]) -> None:

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import types
 import typing
@@ -110,24 +111,66 @@ def _in_schema(dotted: str) -> bool:
 
 
 def redact(data: Any, prefix: str = "") -> Any:
-    """A copy of nested mappings/lists with every string's URI credentials masked and the values of secret keys
-    (secret_key) replaced by ***: what MLflow and the description may show. Nothing else changes, so a redacted
-    resolved config loads and runs as the original did."""
+    """A copy of nested mappings/lists with the credentials of the URIs in its strings masked and every value under
+    a secret key (secret_key) replaced by ***, whatever its type (a number, the items of a list, the leaves of a
+    mapping; booleans and empty values say nothing and stay): what MLflow and the description may show. Nothing
+    else changes (text that holds no URI, `comment: a;key=1`, is no query string), so a redacted resolved config
+    loads and runs as the original did."""
     if isinstance(data, Mapping):
         out = {}
         for key, value in data.items():
             dotted = f"{prefix}.{key}" if prefix else str(key)
-            out[key] = MASK if isinstance(value, str) and value and secret_key(dotted) else redact(value, dotted)
+            out[key] = masked(value) if secret_key(dotted) else redact(value, dotted)
         return out
     if isinstance(data, list | tuple):
         return [redact(item, prefix) for item in data]
-    return mask_credentials(data) if isinstance(data, str) else data
+    return mask_credentials(data) if isinstance(data, str) and uri_credential(data) else data
+
+
+def masked(value: Any) -> Any:
+    """`value` as a secret key's value is shown: every non-empty leaf *** (booleans and None say nothing)."""
+    if isinstance(value, Mapping):
+        return {key: masked(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [masked(item) for item in value]
+    return value if value is None or isinstance(value, bool) or value == "" else MASK
+
+
+_NAMED = re.compile(r"([A-Za-z_][\w.\-]*)\s*[:=]")
 
 
 def redact_override(override: str) -> str:
-    """`key=value` as MLflow and run listings may show it: the value *** when the key is a secret (secret_key),
-    else with its URI credentials masked."""
+    """`key=value` as errors, MLflow and run listings show it: the value *** when the key is a secret (secret_key);
+    a mapping or list value (`network.extra_env={HF_TOKEN: ...}`) with its secret keys' values *** (as JSON); else
+    with its URI credentials masked (text that holds no URI is left as written). A value that does not parse and
+    names a secret-looking key is *** whole."""
     key, sep, value = override.partition("=")
-    if sep and value and secret_key(key):
+    if not sep or not value:
+        return _uri_masked(override)
+    if secret_key(key):
         return f"{key}={MASK}"
-    return mask_credentials(override)
+    if value.lstrip()[:1] in ("{", "["):
+        from embodyhpc.config.yamlio import load_yaml
+
+        try:
+            parsed = load_yaml(value)
+        except Exception:  # noqa: BLE001 - unparseable: judged by the names it holds
+            if any(secret_key(f"{key}.{name}") for name in _NAMED.findall(value)):
+                return f"{key}={MASK}"
+            return _uri_masked(override)
+        if isinstance(parsed, Mapping | list) and _holds_secret(parsed, key):
+            return f"{key}={json.dumps(redact(parsed, key), default=str)}"
+    return _uri_masked(override)
+
+
+def _uri_masked(text: str) -> str:
+    return mask_credentials(text) if uri_credential(text) else text
+
+
+def _holds_secret(data: Any, prefix: str) -> bool:
+    if isinstance(data, Mapping):
+        return any(secret_key(f"{prefix}.{k}") and masked(v) != v or _holds_secret(v, f"{prefix}.{k}")
+                   for k, v in data.items())
+    if isinstance(data, list):
+        return any(_holds_secret(item, prefix) for item in data)
+    return False

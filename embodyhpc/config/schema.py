@@ -509,6 +509,7 @@ class SiteConfig:
     def __post_init__(self) -> None:
         checks.choice("site.gpu_request", self.gpu_request, ("gpus-per-node", "gres", "none"))
         checks.env_names("site.env", dict(self.env))
+        checks.srun_exports("site.container.extra_args", list(self.container.extra_args))
         checks.env_names("site.secrets", {name: "" for name in self.secrets})
         nccl_values.check_environment(dict(self.env), lambda name: f"site.env.{name}")
         checks.sbatch_options("site.extra_sbatch", dict(self.extra_sbatch))

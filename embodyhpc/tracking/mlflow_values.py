@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from embodyhpc.config.credentials import redact, redact_override, secret_key  # noqa: F401 - submit names them here
+from embodyhpc.config.credentials import masked, redact, redact_override, secret_key  # noqa: F401 - submit names them here
 from embodyhpc.errors import mask_credentials
 
 NONFINITE_METRIC = "nonfinite_metrics"
@@ -62,11 +62,11 @@ def flatten_params(params: Mapping[str, Any] | Any, *, prefix: str = "") -> dict
         name = f"{prefix}.{key}" if prefix else str(key)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             value = dataclasses.asdict(value)
-        if isinstance(value, Mapping) and value:
+        if secret_key(name) and masked(value) != value:  # whatever its type: a number, a list, a mapping
+            text = REDACTED
+        elif isinstance(value, Mapping) and value:
             flat.update(flatten_params(value, prefix=name))
             continue
-        if isinstance(value, str) and value and secret_key(name):
-            text = REDACTED
         elif isinstance(value, list | tuple | Mapping):
             text = mask_credentials(json.dumps(value, default=str, separators=(",", ":")))
         else:

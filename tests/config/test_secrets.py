@@ -70,6 +70,94 @@ def test_literal_secret_in_site_env_is_refused(cli, tmp_path, name):
     _assert_rejected(cli("validate", DEMO, "--site", str(site)), f"site.env.{name}", "site.secrets")
 
 
+# Every place a recipe hands a job a variable's value goes through one name check (config.checks.secret_variable):
+# site.env, network.extra_env, and NAME=value pairs of srun's --export among site.container.extra_args.
+LITERAL_SECRETS = [  # (layer, data or override, key the error names)
+    ("site", {"network": {"extra_env": {"HF_TOKEN": VALUE}}}, "network.extra_env.HF_TOKEN"),
+    ("recipe", {"network": {"extra_env": {"MY_SECRET": VALUE}}}, "network.extra_env.MY_SECRET"),
+    ("override", f"network.extra_env.WANDB_API_KEY={VALUE}", "network.extra_env.WANDB_API_KEY"),
+    ("override", f"network.extra_env={{NCCL_DEBUG_SUBSYS: INIT, GITHUB_TOKEN: {VALUE}}}",
+     "network.extra_env.GITHUB_TOKEN"),
+    ("override", f"site.env={{HF_TOKEN: {VALUE}}}", "site.env.HF_TOKEN"),
+    ("site", {"site": {"env": {"DB_PASSWORD": VALUE}}}, "site.env.DB_PASSWORD"),
+    ("site", {"site": {"container": {"image": "img", "extra_args": [f"--export=ALL,HF_TOKEN={VALUE}"]}}},
+     "site.container.extra_args"),
+    ("site", {"site": {"container": {"image": "img",
+                                     "extra_args": ["--export", f"ALL,AWS_SECRET_ACCESS_KEY={VALUE}"]}}},
+     "site.container.extra_args"),
+    ("site", {"site": {"container": {"image": "img", "extra_args": [f"--expo=NPM_AUTH={VALUE}"]}}},
+     "site.container.extra_args"),
+]
+
+
+def _args(tmp_path, layer: str, data) -> tuple[list[str], str]:
+    """CLI arguments setting `data` in `layer` on top of smoke_cpu, and the file (or override) an error names."""
+    if layer == "override":
+        return [DEMO, data], "error: override"
+    if layer == "site":
+        return [DEMO, "--site", str(_site(tmp_path, data))], str(tmp_path / "site.yaml")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"base": DEMO, **data}))
+    return [str(recipe)], str(recipe)
+
+
+@pytest.mark.parametrize(("layer", "data", "key"), LITERAL_SECRETS,
+                         ids=[f"{layer}:{key}" for layer, _, key in LITERAL_SECRETS])
+def test_a_literal_secret_given_to_a_job_is_refused_wherever_it_is_set(cli, tmp_path, runs_root, layer, data, key):
+    """One line naming the file (or override), the key and the fix; the value never printed; exit 2 and nothing
+    written (no run folder, resolved.yaml, script or MLflow run)."""
+    args, where = _args(tmp_path, layer, data)
+    line = _assert_rejected(cli("validate", *args), where, f"{key}:", "looks like a secret", "site.secrets")
+    assert line.index(where) < line.index(key) < line.index("(fix: list ")
+    _assert_rejected(cli("render", *args), key)
+    _assert_rejected(cli("submit", *args, f"job.runs_root={runs_root}"), key)
+    assert list(runs_root.iterdir()) == []
+
+
+def test_names_without_values_pass_the_submitting_environment_on(cli, tmp_path):
+    """srun --export of a name alone and pyxis's --container-env hand the job the value of the environment `submit`
+    runs in: no file holds it. Ordinary NAME=value pairs stay allowed."""
+    extra = ["--export=ALL,HF_TOKEN", "--container-env=HF_TOKEN,WANDB_API_KEY", "--export", "ALL,OMP_NUM_THREADS=4",
+             "--exclusive"]
+    site = _site(tmp_path, {"site": {"container": {"image": "img", "extra_args": extra}}})
+    result = cli("render", DEMO, "--site", str(site), "--job", "train")
+    assert result.code == 0, result.err
+    assert "--export=ALL,HF_TOKEN --container-env=HF_TOKEN,WANDB_API_KEY --export ALL,OMP_NUM_THREADS=4" in result.out
+
+
+def test_every_variable_a_job_script_exports_comes_from_a_checked_place(cli, tmp_path):
+    """The class closed: a rendered job exports embodyhpc's own variables, the network profile's typed fields, and
+    the variables of the sections credentials.ENV_SECTIONS lists (each refuses a secret-looking name: the test
+    above, and the one below for every listed section). A new source of exported variables fails here until it is
+    listed and checked."""
+    import re
+
+    from embodyhpc.config.credentials import ENV_SECTIONS
+    from embodyhpc.config.network import NetworkConfig
+
+    assert set(ENV_SECTIONS) == {"site.env", "network.extra_env"}
+    site = _site(tmp_path, {"site": {"env": {"SITE_PROBE": "1"}}, "network": {"extra_env": {"NET_PROBE": "2"},
+                                                                               "fabric": "ib", "gid_index": 3}})
+    for job in ("train", "eval", "report"):
+        result = cli("render", DEMO, "--site", str(site), "--job", job)
+        assert result.code == 0, result.err
+        exported = set(re.findall(r"^export ([A-Za-z_][A-Za-z0-9_]*)=", result.out, re.MULTILINE))
+        typed = set(NetworkConfig(fabric="ib", gid_index=3).environment())
+        own = {"EMBODYHPC_RUN_DIR", "EMBODYHPC_JOB_KIND", "SUBMITIT_EXECUTOR"}
+        assert "SITE_PROBE" in exported and exported - own - typed - {"SITE_PROBE", "NET_PROBE"} == set(), job
+
+
+@pytest.mark.parametrize("section", ["site.env", "network.extra_env"])
+def test_each_listed_section_refuses_a_secret_looking_name(section):
+    from embodyhpc.config.credentials import ENV_SECTIONS
+    from embodyhpc.errors import ConfigError
+
+    assert section in ENV_SECTIONS
+    with pytest.raises(ConfigError) as info:
+        load_recipe(DEMO, [f"{section}.SERVICE_API_KEY={VALUE}"])
+    assert info.value.key == f"{section}.SERVICE_API_KEY" and VALUE not in info.value.one_line()
+
+
 def test_other_environment_reads_stay_allowed(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("MY_PARTITION", "gpu-a")
     site = _site(tmp_path, {"site": {"partition": "${oc.env:MY_PARTITION}", "env": {"HOME_COPY": "${oc.env:HOME}"}}})

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from embodyhpc.tracking import mlflow_run as mr
-from embodyhpc.tracking.evaluation import child_run_name, eval_params, log_evaluation, mlflow_markdown
+from embodyhpc.tracking.evaluation import child_run_name, eval_params, log_evaluation
 from embodyhpc.tracking.mlflow_sink import MlflowMetricsSink
 from embodyhpc.tracking.provenance import log_dataset, source_tags
 from embodyhpc.tracking.telemetry import TelemetrySampler
@@ -155,15 +155,6 @@ def test_evaluations_reach_the_training_run_and_child_runs_carry_everything(mlfl
     other = eval_params(SimpleNamespace(**{**EVAL.__dict__, "denoise_steps": 4}), step=400,
                         weights="/runs/x/checkpoints/step-400", tasks=tasks)
     assert child_run_name(other) != child["info"]["run_name"] and child_run_name(other).startswith("step 400 eval ")
-
-
-def test_markdown_links_hostile_paths():
-    md = "![a](plots/x y.png) ![b](../../etc/passwd) ![c](/abs.png) ![d](data:image/png;base64,AAA) ![e](#top)"
-    out = mlflow_markdown(md, "r1")
-    assert "![b](get-artifact?path=..%2F..%2Fetc%2Fpasswd&run_uuid=r1)" in out  # the server refuses it, no file read
-    assert "![c](/abs.png)" in out and "![d](data:image/png;base64,AAA)" in out and "![e](#top)" in out
-    assert "![a](plots/x y.png)" in out  # not a markdown image link (a space): left as written
-    assert mlflow_markdown("![x](p.png)", "a&b=c") == "![x](get-artifact?path=p.png&run_uuid=a%26b%3Dc)"
 
 
 def test_failure_reason_dataset_input_and_system_metrics(mlflow_server):
