@@ -1,4 +1,4 @@
-"""Shared fixtures: the CLI run in-process, a runs root per test, the local Slurm cluster."""
+"""Shared fixtures: the CLI run in-process, a runs root per test, the local Slurm cluster; the gpu policy."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from tests.budget import (  # noqa: F401 (hooks)
     pytest_sessionstart,
 )
 from tests.helpers import require
+
+pytest_plugins = ("pytester",)  # tests/test_suite_rules.py runs the gpu policy on a tiny suite
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SLURM_CONF = "/tmp/slurm-local/etc/slurm.conf"
@@ -81,24 +83,52 @@ def slurm_cluster():
 
 
 def pytest_collection_modifyitems(config, items):
-    """The heaviest files first (tests/budget.py); tests marked `gpu` skip with a reason on machines without CUDA
-    (this project's CI never has one)."""
+    """The heaviest files first (tests/budget.py); the gpu policy (below)."""
     order_by_weight(items)
     carry_markers(items)
     ungrouped = [item.nodeid for item in items if item.get_closest_marker("slurm")
                  and "slurm" not in {m.args[0] for m in item.iter_markers("xdist_group") if m.args}]
     if ungrouped:  # two workers submitting at once would queue for the cluster's 2 nodes past their tests' bounds
         raise pytest.UsageError(f"tests marked slurm must carry pytest.mark.xdist_group('slurm'): {ungrouped}")
-    gpu_items = [item for item in items if "gpu" in item.keywords]
+    gpu_policy(config, items)
+
+
+# ---- the gpu policy: the one place that decides what a test marked `gpu` does ----
+# Without a GPU (torch.cuda.is_available() is False: this project's CI, every CPU machine) a gpu-marked test is
+# skipped with that reason. With one, it must pass or fail: a skip or xfail it takes anyway (a missing
+# transformer-engine, flash-attn or nvidia-ml-py through tests.helpers.require, a skipif mark, a pytest.skip in its
+# body) is turned into a failure naming the reason, so a GPU runner never reports a missing GPU library as a skip.
+# tests/test_suite_rules.py checks the suite against skips that would hide a missing library anyway, and tests this
+# policy with the GPU faked at torch.cuda.is_available.
+GPU_PRESENT = pytest.StashKey[bool]()
+NO_GPU_REASON = "needs an NVIDIA GPU (marked gpu); none on this machine"
+
+
+def gpu_policy(config, items) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (marked gpu); none on this machine")
-    for item in gpu_items:
-        item.add_marker(skip)
+    config.stash[GPU_PRESENT] = present = torch.cuda.is_available()
+    if not present:  # first of the item's skip marks: the reason a test's own skipif would give comes after
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skipif(True, reason=NO_GPU_REASON), append=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.skipped and item.config.stash.get(GPU_PRESENT, False) and item.get_closest_marker("gpu"):
+        reason = getattr(report, "wasxfail", None) or (
+            report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr))
+        report.outcome = "failed"
+        report.longrepr = (f"gpu-marked test {'xfailed' if hasattr(report, 'wasxfail') else 'skipped'} on a "
+                           f"machine with a GPU: {reason} -- a missing GPU library or kernel is a failure here "
+                           "(tests/conftest.py gpu policy)")
+        if hasattr(report, "wasxfail"):
+            del report.wasxfail
+    return report
 
 
 @pytest.fixture(scope="session")

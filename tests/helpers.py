@@ -81,12 +81,19 @@ def ci_extras() -> frozenset[str]:
     return frozenset(found.group(1).split(","))
 
 
+def _gpu_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def require(module: str, extra: str):
     """Import `module` (a dependency from the pyproject extra `extra`) or stop the test.
 
     Locally a missing module skips loudly (what to install). Under CI=true a module from an extra that
-    `make setup` installs is a FAILURE: a skip would hide a missing part of the project. Modules from extras CI does
-    not install (e.g. `gpu`) skip everywhere, with that reason. The only place tests may skip on an import error
+    `make setup` installs is a FAILURE: a skip would hide a missing part of the project. A module from the `gpu`
+    extra (CI does not install it) skips on a machine without a GPU and FAILS on one with a GPU, as the gpu-marked
+    tests' policy in tests/conftest.py does. The only place tests may skip on an import error
     (tests/test_suite_rules.py checks it)."""
     import importlib
     import os
@@ -103,6 +110,9 @@ def require(module: str, extra: str):
                   f"install it with: pip install -e '.[{extra}]'")
         if os.environ.get("CI") == "true" and extra in ci_extras():
             pytest.fail(f"{reason} — CI installs the [{extra}] extra, so this is a failure, not a skip",
+                        pytrace=False)
+        if extra == "gpu" and _gpu_present():
+            pytest.fail(f"{reason} — this machine has a GPU, so a missing GPU library is a failure, not a skip",
                         pytrace=False)
         pytest.skip(reason, allow_module_level=True)
 

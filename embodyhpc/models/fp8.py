@@ -45,11 +45,16 @@ _BLOCK_LINEAR = re.compile(r"^(vision\.blocks|layers)\.\d+\.")
 _ALIGNMENT = 16
 
 
+def _aligned(module: nn.Linear) -> bool:
+    """Both dims multiples of 16: what float8 GEMMs accept (module doc); the one check of both filters."""
+    return module.in_features % _ALIGNMENT == 0 and module.out_features % _ALIGNMENT == 0
+
+
 def fp8_linear_filter(module: nn.Module, fqn: str) -> bool:
     """True for the Linear layers that run in fp8 (the rule in the module doc); fqn as from named_modules()."""
     if not isinstance(module, nn.Linear) or not _BLOCK_LINEAR.match(fqn) or "norm" in fqn:
         return False
-    return module.in_features % _ALIGNMENT == 0 and module.out_features % _ALIGNMENT == 0
+    return _aligned(module)
 
 
 def fp8_filter_for(model: nn.Module) -> Callable[[nn.Module, str], bool]:
@@ -65,7 +70,7 @@ def fp8_filter_for(model: nn.Module) -> Callable[[nn.Module, str], bool]:
         def in_block(module: nn.Module, fqn: str) -> bool:
             if not isinstance(module, nn.Linear) or not fqn.startswith(prefixes) or "norm" in fqn:
                 return False
-            return module.in_features % _ALIGNMENT == 0 and module.out_features % _ALIGNMENT == 0
+            return _aligned(module)
 
     def trainable_in_block(module: nn.Module, fqn: str) -> bool:
         return in_block(module, fqn) and any(p.requires_grad for p in module.parameters())

@@ -205,16 +205,14 @@ def test_a_query_without_visible_keys_is_rejected() -> None:
         _ = layout.varlen_plan
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.gpu  # skipped without a GPU; with one, a backend that cannot run (flash-attn missing) fails
 @pytest.mark.parametrize("backend", ["flash_varlen", "torch_varlen", "flex"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_backend_equals_reference(backend: str, dtype: torch.dtype) -> None:
     from embodyhpc.models.attention import backend_unavailable_reason
 
-    reason = backend_unavailable_reason(backend, "cuda")
-    if reason:
-        pytest.skip(reason)
+    reason = backend_unavailable_reason(backend, "cuda", dtype)
+    assert reason is None, f"{backend} cannot run on this GPU node: {reason}"
     layout = two_stream_layout()
     layout = AttentionLayout(*(t.cuda() for t in (layout.q_segment_ids, layout.q_is_prefix,
                                                    layout.k_segment_ids, layout.k_is_prefix)))

@@ -93,10 +93,37 @@ def test_recipes_torchao_lacks_are_refused(tiny_cfg) -> None:
             build_model(tiny_cfg, dataclasses.replace(FP8, fp8_recipe=recipe))
 
 
-def test_autocast_context_is_a_no_op_without_te() -> None:
-    for cfg in (None, PrecisionConfig(mode="bf16"), FP8):
-        with fp8_autocast(cfg):
-            pass
+def test_the_fp8_context_changes_nothing_unless_the_backend_is_te(monkeypatch) -> None:
+    """fp8_autocast opens te.autocast only for fp8 with te: with no precision section, bf16, or fp8 with torchao
+    (whose Float8Linear scales by itself) it never reaches transformer-engine, leaves torch's autocast state as it
+    was, and the model computes inside it exactly what it computes outside, in the same dtype."""
+    from embodyhpc.models import fp8 as fp8_module
+
+    def no_te():
+        raise AssertionError("fp8_autocast reached transformer-engine")
+
+    monkeypatch.setattr(fp8_module, "import_te", no_te)
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)).to(torch.bfloat16)
+    converted = _convert_torchao_all(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)))
+    assert count_fp8_linears(converted) == (2, 0)
+    x = torch.randn(16, 32)
+    for model, inputs in ((plain, x.to(torch.bfloat16)), (converted, x)):
+        expected = model(inputs)
+        for cfg in (None, PrecisionConfig(mode="bf16"), FP8):
+            autocast_state = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
+            with fp8_autocast(cfg):
+                assert (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")) == autocast_state
+                out = model(inputs)
+            assert out.dtype == expected.dtype == inputs.dtype and torch.equal(out, expected), cfg
+    with pytest.raises(AssertionError, match="reached transformer-engine"):  # the te case does reach it
+        fp8_autocast(dataclasses.replace(FP8, fp8_backend="te"))
+
+
+def _convert_torchao_all(model: nn.Module) -> nn.Module:
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    return convert_to_float8_training(model, config=Float8LinearConfig())
 
 
 def te_available() -> bool:
@@ -113,11 +140,12 @@ def test_te_backend_without_transformer_engine_says_how_to_fix(tiny_cfg) -> None
         build_model(tiny_cfg, dataclasses.replace(FP8, fp8_backend="te"))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or not te_available(), reason="needs a GPU and transformer-engine")
+@pytest.mark.gpu  # without a GPU it skips; with one, a missing transformer-engine fails it (tests/conftest.py)
 @pytest.mark.parametrize("recipe", ["current", "delayed", "block"])
 def test_te_backend_trains_on_gpu(recipe: str) -> None:
     from tests.models.conftest import make_batch, make_samples
+
+    require("transformer_engine.pytorch", "gpu")
 
     # dims of every converted layer must suit te's fp8 GEMMs; tiny's (64..256) do
     cfg = ModelConfig(size="tiny", action_horizon=16, action_dim=16, max_token_len=160)

@@ -116,3 +116,29 @@ def test_fp8_layers_see_aligned_tokens_on_random_packed_batches(name: str) -> No
     assert seen
     bad = misaligned(seen)
     assert bad == [], f"{name}: {len(bad)} fp8 inputs off the alignment of {ALIGNMENT}, e.g. {bad[:3]}"
+
+
+SHIPPED = ("groot", "pi05")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_shipped_models_filter_leaves_block_linears_with_unaligned_dims_in_high_precision(name: str) -> None:
+    """The dims rule of `fp8_filter_for`, through the filter each shipped model gets (its FSDP units, not the
+    fallback name rule): every Linear the filter selects is swapped for one whose in or out features are a multiple
+    of 8 but not of 16 (the rest unchanged), and the filter takes none of them."""
+    assert name in available_models()
+    smoke = smoke_entry(name)
+    model = build_model(smoke.config(smoke.sizes[0], "sdpa_reference"))
+    assert callable(getattr(model, "fsdp_units", None)), f"{name} declares no FSDP units: the fallback filter runs"
+    keep = fp8_filter_for(model)
+    selected = [(fqn, module) for fqn, module in model.named_modules() if keep(module, fqn)]
+    assert len(selected) >= 10 and all(
+        m.in_features % ALIGNMENT == 0 and m.out_features % ALIGNMENT == 0 for _, m in selected)
+    for index, (fqn, linear) in enumerate(selected):
+        grow_in = index % 2 == 0
+        parent_name, _, child = fqn.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, torch.nn.Linear(
+            linear.in_features + (ALIGNMENT // 2 if grow_in else 0),
+            linear.out_features + (0 if grow_in else ALIGNMENT // 2)))
+    keep = fp8_filter_for(model)  # what convert_te and torchao's conversion ask, layer by layer
+    assert [fqn for fqn, _ in selected if keep(model.get_submodule(fqn), fqn)] == []

@@ -1,6 +1,8 @@
 """The transformer-engine double is as strict as transformer-engine 2.9 where embodyhpc's paths meet it
 (tests/doubles/transformer_engine: constructor and forward need CUDA, `_extra_state` grows once a layer ran in FP8,
-te.Linear.forward and te.distributed.checkpoint disable dynamo), and the code around it copes: a checkpoint of a
+te.Linear.forward and te.distributed.checkpoint disable dynamo, a backward inside an enabled te.autocast region is
+refused where TE documents it as unsupported and computes on silently), and the code around it copes: the training
+step runs its backward after the region exits, a checkpoint of a
 layer that trained in FP8 loads into a freshly built one, an export holds weights only, inference and fit checks
 never build a te layer, and compile with transformer-engine is refused because it would compile nothing.
 The whole chain on 2 ranks (train -> async checkpoint -> resume on 1 rank -> export -> evaluate on a node without
@@ -9,6 +11,7 @@ CUDA) is tests/train/test_te_chain.py."""
 from __future__ import annotations
 
 import pickle
+import types
 import warnings
 
 import pytest
@@ -21,6 +24,7 @@ from embodyhpc.config.load import load_recipe
 from embodyhpc.config.schema import CheckpointConfig, PrecisionConfig
 from embodyhpc.models import build_model
 from embodyhpc.models.fp8 import fp8_autocast
+from embodyhpc.train.loop import micro_batch_step
 from tests.helpers import one_line_error
 
 DELAYED = PrecisionConfig(mode="fp8", fp8_backend="te", fp8_recipe="delayed")
@@ -55,6 +59,56 @@ def test_on_a_node_without_cuda_te_refuses_to_build_or_run_a_layer(te_double, mo
         layer(torch.randn(8, 16))  # a CPU tensor is not a CUDA one
 
 
+def test_a_backward_inside_an_fp8_region_is_refused_and_one_after_it_runs(te_double) -> None:
+    """TE's contract (the double's quantization.py doc): backward after the region exits. The refusal comes from the
+    backward itself, whatever the layers ran in; a backward after nested regions, after a disabled region, and
+    te.checkpoint's recompute (which re-enters the region inside a backward that runs outside it) are all fine."""
+    te = _te()
+    torch.manual_seed(0)
+    model = TwoLayers(te)
+    x = torch.randn(8, 16)
+    with fp8_autocast(DELAYED):
+        loss = model(x).sum()
+        with pytest.raises(AssertionError, match="backward ran inside te.autocast"):
+            loss.backward(retain_graph=True)
+        with te.autocast(enabled=False):  # a disabled region nested in an enabled one: still inside
+            with pytest.raises(AssertionError, match="backward ran inside te.autocast"):
+                loss.backward(retain_graph=True)
+    assert model.first.weight.grad is None
+    loss.backward()
+    assert model.first.weight.grad.abs().sum() > 0
+    with te.autocast(enabled=False):
+        model(x).sum().backward()  # no FP8 region open: nothing to reduce at its exit
+    with fp8_autocast(DELAYED), fp8_autocast(DELAYED):
+        loss = te.checkpoint(model, x, use_reentrant=False).sum()
+    loss.backward()  # the recompute enters the region in backward; the layers' backward runs after it left
+    assert (model.first.fp8_forwards, model.first.high_precision_forwards) == (3, 1)
+
+
+class _LossModel(nn.Module):
+    """A model as the loop calls it: model(batch) -> an object with .loss."""
+
+    def __init__(self, te) -> None:
+        super().__init__()
+        self.body = TwoLayers(te)
+
+    def forward(self, batch: torch.Tensor) -> types.SimpleNamespace:
+        return types.SimpleNamespace(loss=self.body(batch).square().mean())
+
+
+def test_the_training_step_runs_the_backward_after_the_fp8_region_exits(te_double) -> None:
+    """embodyhpc.train.loop.micro_batch_step (what the loop and `embodyhpc smoke` train through): the forward in
+    te.autocast, the backward after it; moved inside, the double refuses as TE's contract does."""
+    torch.manual_seed(0)
+    model = _LossModel(_te())
+    batch = torch.randn(8, 16)
+    loss = micro_batch_step(model, batch, DELAYED, loss_scale=0.5)
+    layers = (model.body.first, model.body.second)
+    assert [(m.fp8_forwards, m.high_precision_forwards) for m in layers] == [(1, 0), (1, 0)]
+    assert not loss.requires_grad and torch.isfinite(loss)
+    assert all(m.weight.grad is not None and m.weight.grad.abs().sum() > 0 for m in layers)
+
+
 def test_extra_state_is_empty_until_the_layer_runs_in_fp8_and_a_payload_after(te_double) -> None:
     torch.manual_seed(0)
     model = TwoLayers(_te())
@@ -78,7 +132,8 @@ def test_a_checkpoint_of_layers_that_ran_in_fp8_loads_into_fresh_ones_and_export
     trained = TwoLayers(_te())
     optimizer = torch.optim.AdamW(trained.parameters())
     with fp8_autocast(DELAYED):
-        trained(torch.randn(8, 16)).sum().backward()
+        loss = trained(torch.randn(8, 16)).sum()
+    loss.backward()
     optimizer.step()
     saved = {name: pickle.loads(m.get_extra_state().numpy().tobytes()) for name, m in trained.named_children()}
     with warnings.catch_warnings():
@@ -132,7 +187,8 @@ def test_compile_with_transformer_engine_would_compile_nothing(te_double) -> Non
         graphs.clear()
         torch._dynamo.reset()
         with fp8_autocast(DELAYED):
-            torch.compile(function, backend=counting)(torch.randn(8, 16, requires_grad=True)).sum().backward()
+            loss = torch.compile(function, backend=counting)(torch.randn(8, 16, requires_grad=True)).sum()
+        loss.backward()
         torch._dynamo.reset()
 
     plain = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))

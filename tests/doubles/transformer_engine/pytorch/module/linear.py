@@ -11,6 +11,10 @@ requires the input's leading dims to multiply to a multiple of 8 and its last di
 double simulates the FP8 GEMM by rounding input and weight through float8_e4m3fn (per-tensor current scaling,
 straight-through gradient) and counts forwards in `fp8_forwards` and `high_precision_forwards` (test bookkeeping, not
 TE API).
+
+backward: refuses to run while an enabled te.autocast region is open (quantization.py's module doc: TE documents the
+backward outside the region and silently runs a different amax/scale schedule otherwise; the double raises an
+AssertionError from loss.backward()). Checked for every forward that records a graph, in FP8 or not.
 """
 
 from __future__ import annotations
@@ -27,9 +31,22 @@ from transformer_engine.pytorch.module.base import (
     assert_cuda_input,
     init_method_constant,
 )
-from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+from transformer_engine.pytorch.quantization import FP8GlobalStateManager, assert_backward_outside_autocast
 
 _E4M3_MAX = 448.0
+
+
+class _BackwardOutsideAutocast(torch.autograd.Function):
+    """Identity in forward; its backward (the first of the layer's) refuses an open FP8 region."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor) -> torch.Tensor:
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        assert_backward_outside_autocast()
+        return grad
 
 
 def assert_dim_for_fp8_exec(*tensors: torch.Tensor) -> None:
@@ -88,6 +105,8 @@ class Linear(TransformerEngineBaseModule):
             self.record_amax(inp, weight)
             self.fp8_forwards += 1
             bias = None if bias is None else bias.to(inp.dtype)
-            return F.linear(_fake_fp8(inp), _fake_fp8(weight).to(inp.dtype), bias)
-        self.high_precision_forwards += 1
-        return F.linear(inp, weight.to(inp.dtype), None if bias is None else bias.to(inp.dtype))
+            out = F.linear(_fake_fp8(inp), _fake_fp8(weight).to(inp.dtype), bias)
+        else:
+            self.high_precision_forwards += 1
+            out = F.linear(inp, weight.to(inp.dtype), None if bias is None else bias.to(inp.dtype))
+        return _BackwardOutsideAutocast.apply(out) if out.requires_grad else out
