@@ -31,13 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from embodyhpc.config.load import load_recipe  # noqa: E402
 from embodyhpc.data.normalize import StateNormalizer  # noqa: E402
 from embodyhpc.eval.rollout import run_shard  # noqa: E402
 from embodyhpc.eval.shards import Episode  # noqa: E402
 from embodyhpc.eval.vector import SuiteSpec, run_shard_vector  # noqa: E402
 from embodyhpc.models import build_model  # noqa: E402
 from embodyhpc.models.pi05.inference import Pi05Runner  # noqa: E402
+from embodyhpc.validation import load_recipe  # noqa: E402
 
 
 class Timed:

@@ -8,7 +8,7 @@ import torch
 from embodyhpc.models.groot.batch import GrootSample, collate
 from embodyhpc.models.groot.model import GrootPolicy
 from embodyhpc.models.groot.shapes import SHAPES, GrootShape, HeadShape, LlmShape
-from embodyhpc.models.pi05.shapes import VisionShape
+from embodyhpc.models.shapes import VisionShape
 
 NUM_CAMERAS, ACTION_DIM, HORIZON = 2, 8, 16
 BENCH = GrootShape(

@@ -43,7 +43,8 @@ WORDS = ("pick", "up", "the", "red", "block", "and", "place", "it", "in", "blue"
 
 def bench_shape():
     """'bench': the tiny pi0.5 made 2x wider and deeper, so matmuls (not Python overhead) dominate a step."""
-    from embodyhpc.models.pi05.shapes import SHAPES, Pi05Shape, StreamShape, VisionShape
+    from embodyhpc.models.pi05.shapes import SHAPES, Pi05Shape, StreamShape
+    from embodyhpc.models.shapes import VisionShape
 
     return {
         "tiny": SHAPES["tiny"],

@@ -37,7 +37,8 @@ NUM_CAMERAS, STATE_DIM, ACTION_DIM = 3, 6, 8
 
 def shapes() -> dict[str, tuple]:
     """name -> (shape, image size, action horizon, samples, packing budget)."""
-    from embodyhpc.models.pi05.shapes import SHAPES, Pi05Shape, VisionShape
+    from embodyhpc.models.pi05.shapes import SHAPES, Pi05Shape
+    from embodyhpc.models.shapes import VisionShape
 
     small = SHAPES["small"]
     vision = small.vision

@@ -38,7 +38,8 @@ def build(name: str):
     from embodyhpc.config.schema import ModelConfig
     from embodyhpc.models import build_model
     from embodyhpc.models.pi05 import Pi05Policy
-    from embodyhpc.models.pi05.shapes import SHAPES, Pi05Shape, VisionShape
+    from embodyhpc.models.pi05.shapes import SHAPES, Pi05Shape
+    from embodyhpc.models.shapes import VisionShape
 
     torch.manual_seed(0)
     if name == "tiny":

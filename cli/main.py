@@ -53,7 +53,7 @@ def _root(version: Annotated[bool, typer.Option("--version", "-V", is_eager=True
 
 
 def _load(recipe: str, overrides: list[str] | None, site: str | None, **options):
-    from embodyhpc.config.load import load_recipe
+    from embodyhpc.validation import load_recipe
 
     return load_recipe(recipe, overrides or [], site=site, **options)
 
@@ -99,10 +99,10 @@ def recipes_show(recipe: Recipe, overrides: Overrides = None, site: Site = None)
 @app.command(short_help="Check a recipe; print the resolved job shape.")
 def validate(recipe: Recipe, overrides: Overrides = None, site: Site = None) -> None:
     """Check a recipe; print the resolved job shape."""
-    from embodyhpc.submit import preflight
+    from embodyhpc.submit import validate as check
 
     loaded = _load(recipe, overrides, site)
-    for warning in preflight(loaded, _python(loaded), submitting=False):
+    for warning in check(loaded, _python(loaded)):
         typer.echo(f"warning: {warning}", err=True)
     r = loaded.resolved
     typer.echo(f"ok: {loaded.recipe}" + (f" + {loaded.site}" if loaded.site else ""))
@@ -122,20 +122,17 @@ def render(
                                                     "(default: the one submit would create now).")] = None,
 ) -> None:
     """Print the sbatch scripts exactly as `submit` would hand them to Slurm."""
-    from embodyhpc.orchestrate.plan import chain_kinds
-    from embodyhpc.slurm.render import render_job
-    from embodyhpc.submit import default_run_dir, preflight
+    from embodyhpc.submit import default_run_dir
+    from embodyhpc.submit import render as plan_scripts
 
     _check_kind(job)
     loaded = _load(recipe, overrides, site)
-    for warning in preflight(loaded, _python(loaded), submitting=False):
-        typer.echo(f"warning: {warning}", err=True)
     target = run_dir.resolve() if run_dir else default_run_dir(loaded.config.job)
-    kinds = [job] if job else chain_kinds(loaded)
-    for i, kind in enumerate(kinds):
-        if len(kinds) > 1:
-            typer.echo(f"{'' if i == 0 else chr(10)}# ===== {kind}.sbatch =====")
-        typer.echo(render_job(loaded, kind, target, _python(loaded)), nl=False)
+    plan = plan_scripts(loaded, _python(loaded), target, job, progress=lambda msg: typer.echo(msg, err=True))
+    for i, planned in enumerate(plan.jobs):
+        if len(plan.jobs) > 1:
+            typer.echo(f"{'' if i == 0 else chr(10)}# ===== {planned.kind}.sbatch =====")
+        typer.echo(planned.script, nl=False)
 
 
 @app.command(short_help="Start a run: train -> eval array -> report (Slurm, or --local).")
@@ -391,7 +388,7 @@ def stage(
     typer.echo(result.summary())
 
 
-@app.command("export", short_help="Convert an export to LeRobot's pi0.5 policy folder.")
+@app.command("export", short_help="Convert an export to LeRobot's policy folder.")
 def export(
     source: Annotated[Path, typer.Argument(help="An embodyhpc export folder (RUN/export or RUN/exports/step-N).")],
     out: Annotated[Path, typer.Option("--out", help="New folder for the converted weights.")],
@@ -399,7 +396,8 @@ def export(
                                                         "(config.json + model.safetensors).")] = "lerobot",
     execute_steps: Annotated[int, typer.Option(help="n_action_steps of LeRobot's config.")] = 50,
 ) -> None:
-    """Convert an export for another framework: LeRobot's pi0.5 layout, which LeRobot's PI05Policy loads."""
+    """Convert an export for another framework: LeRobot's policy folder in the layout of the model's family (the
+    family's spec names its writer: pi0.5's loads as LeRobot's PI05Policy; a family without one is refused)."""
     from embodyhpc.errors import UserError
 
     if fmt != "lerobot":
@@ -414,7 +412,7 @@ def export(
                         fix="pass RUN_DIR/export or RUN_DIR/exports/step-N")
     from embodyhpc.checkpoint.lerobot_export import export_lerobot
 
-    typer.echo(f"wrote LeRobot's pi0.5 layout to {export_lerobot(source, out, execute_steps=execute_steps)}")
+    typer.echo(f"wrote LeRobot's policy folder to {export_lerobot(source, out, execute_steps=execute_steps)}")
 
 
 @app.command(short_help="Preflight this node (GPUs, network, filesystems) for a recipe.")

@@ -121,8 +121,8 @@ def local_summary(run_dir: Path) -> str:
         lines += ["", table.read_text().rstrip("\n"), "", f"summary: {Path(run_dir) / SUMMARY_FILE}"]
     info = RunInfo.load(run_dir)
     if info.mlflow_run_id:
-        from embodyhpc.config.load import load_resolved
         from embodyhpc.tracking.mlflow_run import tracking_uri, ui_hint
+        from embodyhpc.validation import load_resolved
 
         config = load_resolved(run_dir)
         lines.append(f"MLflow run {info.mlflow_run_id}: "

@@ -97,8 +97,8 @@ def check_inputs(source: EvalSource, config: Config) -> None:
     --suite applied) that this machine can check before anything is created (module doc); UserError otherwise."""
     from dataclasses import fields
 
-    from embodyhpc.config.load import load_config_file
     from embodyhpc.eval.policy_files import check_policy_files, check_suite, find_side_files
+    from embodyhpc.validation import load_config_file
 
     weights = source.weights or source.checkpoint
     named = config.eval.weights

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from embodyhpc import attempts
-from embodyhpc.config.load import LoadedRecipe, load_config_file, load_unresolved, resolve_located
+from embodyhpc.config.load import LoadedRecipe, resolve_located
 from embodyhpc.config.schema import Config
 from embodyhpc.errors import ConfigError, RunDirError, RunFailure, UserError
 from embodyhpc.rundir import (
@@ -72,6 +72,7 @@ from embodyhpc.rundir import (
     write_private,
 )
 from embodyhpc.runlock import RunLock, run_lock
+from embodyhpc.validation import load_config_file, load_unresolved
 
 Progress = Callable[[str], None]
 
@@ -402,11 +403,13 @@ def resume(plan: ResumePlan, python: str, *, local: bool = False, progress: Prog
     (lock_run, held since the plan was made) turns shared while a chain runs here: evaluations of the run may go on
     beside it, another resume may not."""
     from embodyhpc.orchestrate.api import run_chain
+    from embodyhpc.orchestrate.plan import chain_plan
 
+    chain = chain_plan(plan.loaded, Path(plan.info.run_dir), python)  # a broken template fails before any change
     loaded, info = begin_attempt(plan, python, local=local, progress=progress)
     if lock is not None and info.backend == "local":
         lock.share()
-    return run_chain(loaded, info, progress=progress)
+    return run_chain(loaded, info, progress=progress, plan=chain)
 
 
 def begin_attempt(plan: ResumePlan, python: str, *, local: bool = False,
@@ -476,17 +479,14 @@ def _reopen_mlflow(loaded: LoadedRecipe, info: RunInfo, progress: Progress) -> N
 
 
 def dry_run(plan: ResumePlan, python: str) -> str:
-    """What `resume` would do and the scripts it would hand to sbatch; nothing changes."""
+    """What `resume` would do and the scripts it would hand to sbatch (orchestrate.api.dry_run); nothing changes."""
+    from embodyhpc.orchestrate.api import dry_run as preview
     from embodyhpc.orchestrate.plan import chain_plan
-    from embodyhpc.slurm.render import render_job
 
     loaded = plan.loaded
     run = Path(plan.info.run_dir)
-    out = [f"# dry run: nothing submitted; attempt {plan.info.attempt + 1} of {run} would start from the "
-           f"checkpoint of step {plan.from_step} and train to train.steps={loaded.config.train.steps} on "
-           f"{loaded.resolved.world_size} rank(s)"]
-    out += [f"#   {key}: {old!r} -> {new!r}" for key, (old, new) in plan.changed.items()]
-    for job in chain_plan(loaded):
-        out.append(f"# sbatch {shlex.quote(str(script_file(run, job.kind)))}")
-        out.append(render_job(loaded, job.kind, run, python))
-    return "\n".join(out)
+    header = [f"# dry run: nothing submitted; attempt {plan.info.attempt + 1} of {run} would start from the "
+              f"checkpoint of step {plan.from_step} and train to train.steps={loaded.config.train.steps} on "
+              f"{loaded.resolved.world_size} rank(s)"]
+    header += [f"#   {key}: {old!r} -> {new!r}" for key, (old, new) in plan.changed.items()]
+    return preview(chain_plan(loaded, run, python)).text(header="\n".join(header))

@@ -21,7 +21,7 @@
         .embodyhpc.lock     the lock commands that change the run take, naming its holder (embodyhpc.runlock)
 
 This module is the only one that spells a name in that tree; everything else asks for it here. Every JSON file of
-a run is written through `write_json_atomic`.
+a run is written through `write_json_atomic` (embodyhpc/atomic.py).
 """
 
 from __future__ import annotations
@@ -29,15 +29,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import time
-from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embodyhpc.atomic import replace_atomically, write_json_atomic
 from embodyhpc.errors import RunDirError, RunFailure, UnreadableRunError
-from embodyhpc.slurm.commands import JOB_ID  # local backend: process ids, digits too
+from embodyhpc.job_ids import JOB_ID  # local backend: process ids, digits too
 
 RUN_JSON = "run.json"
 RUN_JSON_VERSION = 3
@@ -531,33 +530,6 @@ def read_report(run_dir: Path) -> dict | None:
     return report
 
 
-def replace_atomically(path: Path, write: Callable[[Path], object], *, durable: bool = False) -> None:
-    """Write `path` whole or not at all: `write` fills a private (0600) temp file beside it, which then replaces
-    `path` (os.replace is atomic on POSIX filesystems), so readers see the old file or the new one, never a torn
-    one. durable: the file and its folder are fsynced too (it survives a crash of the node, not just the process)."""
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        write(tmp)
-        if durable:
-            _fsync(tmp, os.O_RDONLY)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if durable:
-        _fsync(path.parent, os.O_RDONLY)
-
-
-def _fsync(path: Path, flags: int) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def read_policy_io(folder: Path) -> dict[str, Any]:
     """What the training job recorded next to the weights (POLICY_IO_FILE: the dataset's cameras, image size, state
     key, real action dims, fps); {} when there is none; a file that is not a JSON object is a one-line RunDirError
@@ -573,19 +545,6 @@ def read_policy_io(folder: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RunDirError("not a JSON object", where=str(path), fix=fix)
     return data
-
-
-def write_json_atomic(path: Path, data: Any, *, durable: bool = False, indent: int | None = 2) -> None:
-    """Every JSON file of a run is written this way: readers (status, the report job) never see a half-written
-    file. indent=None writes compact JSON (large files such as a staging manifest)."""
-    text = json.dumps(data, indent=indent) if indent else json.dumps(data, separators=(",", ":"))
-    replace_atomically(path, lambda tmp: tmp.write_text(text + "\n"), durable=durable)
-
-
-def write_jsonl_atomic(path: Path, records: Iterable[Any], *, durable: bool = False) -> None:
-    """A JSON-lines file (one record per line, e.g. an evaluation shard), whole or not at all."""
-    text = "".join(json.dumps(record) + "\n" for record in records)
-    replace_atomically(path, lambda tmp: tmp.write_text(text), durable=durable)
 
 
 def new_run_dir(runs_root: str, experiment: str, name: str) -> Path:

@@ -10,7 +10,7 @@ Who takes it, and how:
   its pin and exports/step-N there), and a chain running on this machine once its `submit` or `resume` has set it
   up (RunLock.share): evaluations of a run that trains here may go on beside it, a resume may not.
 A command that only reads (status, logs, runs, `resume --dry-run`) takes none: every file it reads is replaced
-whole (rundir.replace_atomically), never rewritten in place.
+whole (atomic.replace_atomically), never rewritten in place.
 
 How: flock(2) on <run>/.embodyhpc.lock (rundir.LOCK_FILE), never waiting (LOCK_NB): a command that finds the run
 held stops at once instead of queueing behind an hour-long chain. The holder writes one JSON line naming itself

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shlex
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,13 +19,14 @@ from embodyhpc.rundir import (
     new_run_dir,
     read_report,
     requested_evals,
-    script_file,
     write_json_atomic,
 )
 
 if TYPE_CHECKING:
     from embodyhpc.config.load import LoadedRecipe
     from embodyhpc.config.schema import JobConfig
+    from embodyhpc.orchestrate.api import DryRun
+    from embodyhpc.orchestrate.plan import Plan
     from embodyhpc.runstate import TrainProgress
 
 # the chain's machinery (config loading, Jinja, orchestration) is imported where a run is started, not here:
@@ -180,63 +179,50 @@ def _check_length(text: str) -> None:
                       fix="pass the folder `embodyhpc submit` printed, or a name `embodyhpc runs` lists")
 
 
-def preflight(loaded: LoadedRecipe, python: str, *, submitting: bool, eval_only: bool = False) -> list[str]:
-    """What validate, render, --dry-run and submit all check before anything exists: the paths jobs will read
-    (config/paths.py) and every template of the chain (a broken or refused template fails here, as in render).
-    Returns warnings; errors raise ConfigError."""
-    from embodyhpc.config.paths import check_paths
-    from embodyhpc.orchestrate.plan import chain_kinds
-    from embodyhpc.slurm.render import render_job
+PLACEHOLDER_RUN_DIR = Path("/nonexistent-run-dir")
+"""The run folder `validate` renders for: the scripts are checked, not shown."""
 
-    warnings = check_paths(loaded, submitting=submitting, training=not eval_only)
-    for kind in chain_kinds(loaded, eval_only=eval_only):
-        render_job(loaded, kind, Path("/nonexistent-run-dir"), python)
+
+def preflight(loaded: LoadedRecipe, python: str, *, submitting: bool, eval_only: bool = False) -> list[str]:
+    """What validate, render, --dry-run, submit and resume all check before anything exists: the paths jobs will read
+    (validation/paths.py). Returns warnings; errors raise ConfigError. The templates are checked where the plan is made
+    (orchestrate.plan renders every job once, before a run folder is filled)."""
+    from embodyhpc.validation.paths import check_paths
+
+    return check_paths(loaded, submitting=submitting, training=not eval_only)
+
+
+def validate(loaded: LoadedRecipe, python: str) -> list[str]:
+    """`embodyhpc validate`: the preflight and every template of the chain (rendered for a placeholder folder)."""
+    from embodyhpc.orchestrate.plan import chain_plan
+
+    warnings = preflight(loaded, python, submitting=False)
+    chain_plan(loaded, PLACEHOLDER_RUN_DIR, python)
     return warnings
 
 
-@dataclass
-class PlannedJob:
-    """One job a dry run would hand to sbatch."""
+def render(loaded: LoadedRecipe, python: str, run_dir: Path, kind: str | None = None,
+           progress: Progress = print) -> Plan:
+    """`embodyhpc render`: the chain's plan for `run_dir` (or one job of `kind` alone), after the preflight; its
+    scripts are what submit hands to sbatch."""
+    from embodyhpc.orchestrate.plan import chain_plan, kind_plan
 
-    kind: str
-    sbatch_args: list[str]
-    """The options on sbatch's command line (dependencies on the placeholder ids `<train>`, `<eval>`, ...)."""
-    script_path: str
-    script: str
-
-
-@dataclass
-class DryRun:
-    run_dir: str
-    """The folder submit would create now."""
-    jobs: list[PlannedJob]
-
-    def text(self) -> str:
-        out = [f"# dry run: nothing submitted; run directory would be {self.run_dir}"]
-        for job in self.jobs:
-            out.append(f"# sbatch {''.join(f'{arg} ' for arg in job.sbatch_args)}{shlex.quote(job.script_path)}")
-            out.append(job.script)
-        return "\n".join(out)
+    for warning in preflight(loaded, python, submitting=False):
+        progress(f"warning: {warning}")
+    return kind_plan(loaded, kind, run_dir, python) if kind else chain_plan(loaded, run_dir, python)
 
 
 def dry_run(loaded: LoadedRecipe, python: str, progress: Progress = print) -> DryRun:
     """The scripts submit would hand to sbatch, after the checks submit makes (environment, paths, templates)."""
     import os
 
+    from embodyhpc.orchestrate.api import dry_run as preview
+    from embodyhpc.orchestrate.plan import chain_plan
+
     check_environment(loaded, dict(os.environ), progress)
     for warning in preflight(loaded, python, submitting=True):
         progress(f"warning: {warning}")
-    from embodyhpc.orchestrate.backend_slurm import dependency_args
-    from embodyhpc.orchestrate.plan import chain_plan
-    from embodyhpc.slurm.render import render_job
-
-    run_dir = default_run_dir(loaded.config.job)
-    plan = chain_plan(loaded)
-    placeholders = {job.kind: f"<{job.kind}>" for job in plan}  # the job ids sbatch would answer
-    return DryRun(str(run_dir), [PlannedJob(job.kind, dependency_args(job, placeholders),
-                                            str(script_file(run_dir, job.kind)), render_job(loaded, job.kind, run_dir,
-                                                                                             python))
-                                 for job in plan])
+    return preview(chain_plan(loaded, default_run_dir(loaded.config.job), python))
 
 
 def check_environment(loaded: LoadedRecipe, environ: dict[str, str], progress: Progress) -> None:
@@ -303,6 +289,7 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
     a new step (runlogs.read_last_metrics), until the chain ends.
     """
     from embodyhpc.orchestrate.api import run_chain, start_run
+    from embodyhpc.orchestrate.plan import chain_plan
     from embodyhpc.runlock import run_lock
 
     loaded, backend = prepare_launch(loaded, python, local=local, progress=progress, eval_only=eval_only)
@@ -312,6 +299,7 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
     # `resume latest` or `cancel latest` meanwhile is refused naming this command (embodyhpc.runlock)
     with run_lock(run_dir, "embodyhpc eval" if eval_only else "embodyhpc submit", progress=progress) as lock:
         try:
+            plan = chain_plan(loaded, run_dir, python, eval_only=eval_only)  # a broken template fails here
             info = start_run(loaded, run_dir, backend=backend, python=python, mlflow_run_id=mlflow_parent
                              if eval_only else _create_mlflow_run(loaded, run_dir, progress))
         except BaseException:
@@ -323,9 +311,9 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
         if backend == "local":
             lock.share()
         if backend != "local" or on_train_progress is None or eval_only:
-            return run_chain(loaded, info, progress=progress, eval_only=eval_only)
+            return run_chain(loaded, info, progress=progress, eval_only=eval_only, plan=plan)
         with _ProgressPoller(run_dir, on_train_progress):
-            return run_chain(loaded, info, progress=progress, eval_only=eval_only)
+            return run_chain(loaded, info, progress=progress, eval_only=eval_only, plan=plan)
 
 
 class _ProgressPoller:
@@ -369,8 +357,8 @@ def submit_smoke(loaded: LoadedRecipe, python: str, *, model: str, steps: int, s
     from embodyhpc.errors import UserError
     from embodyhpc.orchestrate.api import start_run
     from embodyhpc.orchestrate.api import submit_smoke as submit_job
+    from embodyhpc.orchestrate.plan import smoke_plan
     from embodyhpc.slurm import commands
-    from embodyhpc.slurm.render import render_job
 
     ok, why = commands.reachable()
     if not ok:
@@ -378,12 +366,18 @@ def submit_smoke(loaded: LoadedRecipe, python: str, *, model: str, steps: int, s
                         fix="run `embodyhpc smoke` on the node itself, or submit from a login node")
     check_environment(loaded, dict(__import__("os").environ), progress)
     loaded = absolute_paths(loaded)
-    render_job(loaded, "smoke", Path("/nonexistent-run-dir"), python)  # a broken template fails before anything
     job = loaded.config.job
     run_dir = new_run_dir(job.runs_root, job.experiment, f"smoke-{job.name}")
+    try:
+        plan = smoke_plan(loaded, run_dir, python)  # a broken template fails before anything is submitted
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     info = start_run(loaded, run_dir, backend="slurm", python=python, mlflow_run_id=None)
     write_json_atomic(run_dir / SMOKE_REQUEST_FILE, {"model": model, "steps": steps, "size": size})
-    record = submit_job(loaded, run_dir, info)
+    record = submit_job(plan, info)
     progress(f"submitted smoke: job {record.job_id}; run directory: {run_dir}")
     return info
 

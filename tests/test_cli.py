@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from embodyhpc.config.load import load_recipe
+from embodyhpc.validation import load_recipe
 
 TOK = "model.tokenizer_path=/models/paligemma/tokenizer.model"
 
@@ -96,8 +96,8 @@ def test_environment_contradicting_the_network_profile_is_refused(cli, runs_root
 
 
 def test_environment_agreeing_or_extra_is_logged_not_refused(cli, runs_root, monkeypatch):
-    from embodyhpc.config.load import load_recipe
     from embodyhpc.submit import check_environment
+    from embodyhpc.validation import load_recipe
 
     loaded = load_recipe("smoke_cpu")
     notes: list[str] = []

@@ -21,7 +21,7 @@ from tests.helpers import one_line_error
 
 EXE = str(Path(sys.executable).with_name("embodyhpc"))
 COMMANDS = [name for name in typer.main.get_command(app).commands]  # type: ignore[attr-defined]
-LEAVES = [("recipes", "list"), ("recipes", "show"), ("data", "synth"), ("data", "info")] + [
+LEAVES = [("recipes", "list"), ("recipes", "show"), ("data", "synth"), ("data", "info"), ("data", "convert")] + [
     (name,) for name in COMMANDS if name not in ("recipes", "data")]
 
 

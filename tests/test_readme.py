@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,8 @@ def _runnable(command: str, tmp_path: Path) -> list[str]:
     args = shlex.split(command)
     assert args[0] == "embodyhpc", command
     args = args[1:]
-    fill = {"DIR": str(tmp_path / "synth"), "SRC": str(tmp_path / "src"), "DEST": str(tmp_path / "dest")}
+    fill = {"DIR": str(tmp_path / "synth"), "SRC": str(tmp_path / "src"), "DEST": str(tmp_path / "dest"),
+            "DST": str(tmp_path / "dst")}
     args = [fill.get(a, a) for a in args]
     if args[0] == "submit":  # its comment offers --dry-run: the real submission needs the cluster or minutes
         args.append("--dry-run")
@@ -59,6 +61,8 @@ def _runnable(command: str, tmp_path: Path) -> list[str]:
         args += ["--tasks", "reach-v3", "--episodes", "1", "--cameras", ""]
     if args[0] == "doctor":
         args += ["--json", "--probe-mb", "0"]
+    if args[:2] == ["data", "convert"]:  # the LeRobot v2.1 dataset LeRobot 0.3.3 wrote (tests/data/fixtures)
+        shutil.copytree(README.parent / "tests" / "data" / "fixtures" / "lerobot_v21_sample", tmp_path / "src")
     if args[0] == "stage":
         (tmp_path / "src").mkdir()
         (tmp_path / "src" / "episode.bin").write_bytes(b"x" * 4096)
@@ -91,7 +95,7 @@ def test_readme_command_runs(cli, tmp_path, monkeypatch, command):
     (tmp_path / "recipes").symlink_to(README.parent / "recipes")
     args = _runnable(command, tmp_path)
     if "demo_metaworld_cpu" in command:
-        # with a camera (16 px): validate reads the dataset and pi0.5 needs one (config/data_checks.py)
+        # with a camera (16 px): validate reads the dataset and pi0.5 needs one (validation/data_checks.py)
         made = cli("data", "synth", "--out", "runs/demo-data/metaworld-mt4", "--tasks", "reach-v3", "--episodes", "1",
                    "--image-size", "16")
         assert made.code == 0, made.err
@@ -104,6 +108,8 @@ def test_readme_command_runs(cli, tmp_path, monkeypatch, command):
         assert (tmp_path / "synth" / "meta" / "info.json").is_file()
     if args[0] == "stage":
         assert (tmp_path / "dest" / "episode.bin").read_bytes() == b"x" * 4096
+    if args[:2] == ["data", "convert"]:
+        assert json.loads((tmp_path / "dst" / "meta" / "info.json").read_text())["codebase_version"] == "v3.0"
     if args[0] in ("validate", "render", "submit") and "pi05" in command:
         # the README's data.root is a cluster path: named in a warning, never an error
         assert "warning: data.root=/lustre/data/pick" in result.err

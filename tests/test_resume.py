@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from embodyhpc.checkpoint import layout
-from embodyhpc.config.load import load_recipe
 from embodyhpc.rundir import RUN_JSON_VERSION, JobRecord, RunInfo, make_run_dir, write_private
+from embodyhpc.validation import load_recipe
 from tests.helpers import run_dir_from
 
 DEMO = "recipes/demo_metaworld_cpu.yaml"
@@ -340,8 +340,8 @@ def _tensors(export: Path) -> dict:
 
 
 def _mlflow_steps(run: Path, key: str = "train/loss") -> list[int]:
-    from embodyhpc.config.load import load_resolved
     from embodyhpc.tracking.mlflow_run import client, tracking_uri
+    from embodyhpc.validation import load_resolved
 
     config = load_resolved(run)
     history = client(tracking_uri(config.tracking, config.job.runs_root)).get_metric_history(
@@ -352,8 +352,8 @@ def _mlflow_steps(run: Path, key: str = "train/loss") -> list[int]:
 @pytest.mark.slow
 def test_a_2_process_run_resumes_on_1_process_and_equals_a_1_process_run_from_the_checkpoint(
         cli, runs_root, reach_demos):
-    from embodyhpc.orchestrate.backend_local import run_local_plan
-    from embodyhpc.orchestrate.plan import TASKS, JobSpec
+    from embodyhpc.orchestrate.backend_local import LocalBackend
+    from embodyhpc.orchestrate.plan import TASKS, JobSpec, make_plan
 
     common = [f"job.runs_root={runs_root}", f"data.root={reach_demos}", "train.warmup_steps=2", "train.log_every=1",
               "checkpoint.every_steps=2", "eval.enabled=false", "tracking.telemetry_interval_s=0"]
@@ -385,7 +385,8 @@ def test_a_2_process_run_resumes_on_1_process_and_equals_a_1_process_run_from_th
     ref_info.mlflow_run_id = None
     (reference / "export").rename(reference / "export-of-step-4")
     loaded = load_recipe(str(reference / "resolved.yaml"), recipe_site_keys="keep")
-    run_local_plan(loaded, reference, ref_info, [JobSpec("train", TASKS["train"])], progress=lambda m: None)
+    plan = make_plan(loaded, [JobSpec("train", TASKS["train"])], reference, ref_info.python)
+    LocalBackend().submit(plan, ref_info, progress=lambda m: None)
     assert ref_info.jobs["train"].state == "COMPLETED", ref_info.jobs["train"].reason
     resumed, uninterrupted = _tensors(run / "export"), _tensors(reference / "export")
     before = _tensors(reference / "export-of-step-4")

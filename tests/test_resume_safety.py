@@ -93,9 +93,9 @@ def test_a_chain_running_here_lets_evaluations_in_and_keeps_resumes_out(runs_roo
 
 def test_submit_holds_its_new_folder_until_its_chain_is_submitted(monkeypatch, runs_root):
     from embodyhpc import submit as submitting
-    from embodyhpc.config.load import load_recipe
     from embodyhpc.orchestrate import api
     from embodyhpc.runlock import RunInUseError
+    from embodyhpc.validation import load_recipe
 
     loaded = load_recipe("recipes/demo_metaworld_cpu.yaml", [f"job.runs_root={runs_root}", "data.root=/tmp",
                                                             "tracking.enabled=false"], site="local")

@@ -488,7 +488,7 @@ def test_a_newer_schema_version_with_new_fields_reads_and_a_wrong_type_is_refuse
 
 
 def test_an_atomic_write_that_fails_leaves_the_old_file_and_no_temp_file(tmp_path):
-    from embodyhpc.rundir import replace_atomically, write_json_atomic
+    from embodyhpc.atomic import replace_atomically, write_json_atomic
 
     path = tmp_path / "report.json"
     write_json_atomic(path, {"outcome": "complete"})

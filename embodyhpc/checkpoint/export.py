@@ -31,6 +31,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from embodyhpc.atomic import replace_atomically, write_json_atomic
 from embodyhpc.checkpoint import layout
 from embodyhpc.checkpoint.errors import NotACheckpointError, last_line
 from embodyhpc.checkpoint.integrity import (
@@ -49,7 +50,6 @@ from embodyhpc.checkpoint.integrity import (
     verify_export,
 )
 from embodyhpc.checkpoint.state import MODEL_KEY, is_module_extra_state
-from embodyhpc.rundir import replace_atomically, write_json_atomic
 
 __all__ = ["CONFIG_FILE", "EXPORT_JSON", "WEIGHTS_FILE", "built_from", "consolidated_model_state",
            "export_consolidated", "load_exported", "model_entries"]
@@ -236,11 +236,12 @@ def load_checked_export(export_dir: str | Path) -> tuple[dict[str, torch.Tensor]
     """An export's weights (checked against export.json's size and sha256), its summary, the recipe it was trained
     with (config.yaml), and the model that recipe builds, on the meta device, once the weights are checked to fit it
     (check_fits): what evaluation and conversions start from."""
-    from embodyhpc.config.load import load_config_file
+    from embodyhpc.config.load import read_config_file
+    from embodyhpc.models.spec import check_model_config
 
     export_dir = Path(export_dir)
     weights, summary = load_exported(export_dir)
-    config = load_config_file(export_dir / CONFIG_FILE)
+    config = read_config_file(export_dir / CONFIG_FILE, check=lambda cfg: check_model_config(cfg.model))
     meta = check_fits({k: (v.dtype, v.shape) for k, v in weights.items()}, config.model,
                       where=str(export_dir), built_with=str(export_dir / CONFIG_FILE))
     return weights, summary, config, meta

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embodyhpc.rundir import MAX_STEP, STEP_PREFIX, parse_step, replace_atomically, step_name, write_json_atomic
+from embodyhpc.atomic import replace_atomically, write_json_atomic
+from embodyhpc.rundir import MAX_STEP, STEP_PREFIX, parse_step, step_name
 
 MARKER = ".complete"
 LATEST = "latest"

@@ -1,152 +1,62 @@
-"""An embodyhpc export in LeRobot's pi0.5 policy layout, so that LeRobot users can load what we train.
+"""`embodyhpc export --format lerobot`: an embodyhpc export as a LeRobot policy folder, so that LeRobot users can
+load what we train. The layout is the model family's: its spec's `lerobot_export` writes it (pi0.5's:
+models/pi05/lerobot.py); a family whose spec declares none is refused in one line.
 
-    embodyhpc export RUN/export --out /models/my_pi05 --format lerobot
-
-    <out>/model.safetensors   the weights in the published pi0.5 layout under LeRobot's "model." prefix
-                              (models/pi05/weights.py: to_published), in the export's dtypes
-    <out>/config.json         LeRobot's PI05Config fields ("type": "pi05"): chunk size and executed steps, padded
-                              state/action dims, the dataset's input and output features (policy_io.json),
-                              the Gemma variants of the full-size model, quantile normalisation
-
-    <out>/policy_preprocessor.json, policy_postprocessor.json
-                              LeRobot's pi0.5 processor pipelines (step names of its processor_pi05.py), whose
-                              normalizer steps hold the state statistics the policy was trained with
-                              (normalization.json: q01/q99 or mean/std under "observation.state") in
-    <out>/policy_preprocessor_step_3_normalizer_processor.safetensors; no action statistics: our policy predicts
-                              raw actions, and LeRobot passes a feature without statistics through unchanged
-    <out>/tokenizer.model|.json   the tokenizer copy training read, if any (the pipeline still names PaliGemma's hub
-                              id, which LeRobot loads; model.init_weights of embodyhpc reads the copy)
-
-Only the full size has LeRobot variants (gemma_2b + gemma_300m); the config of a tiny or small export says so
-("embodyhpc_size") and LeRobot's PI05Policy cannot build it, though the weights file still reads back through our
-adapter. The fields written are those of lerobot's PI05Config (src/lerobot/policies/pi05/configuration_pi05.py,
-read at huggingface/lerobot 0e587e5): LeRobot parses config.json strictly, so nothing else is written.
+What is the same for every family happens here, around the family's writer: a non-empty --out is refused, the
+export is verified (sizes and sha256 of export.json, the weights fit the model its recipe builds), the writer gets
+the weights, that model (on the meta device), the recipe's model section, the dataset's features (policy_io.json)
+and the state statistics training used (normalization.json); then the tokenizer copy training read, if any, is
+copied beside them (model.init_weights of embodyhpc reads the copy).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from embodyhpc.errors import UserError
+from embodyhpc.models import available_models, model_spec
 from embodyhpc.models.checkpoint_assets import TOKENIZER_FILES, saved_normalizer
 from embodyhpc.rundir import read_policy_io
 
-LEROBOT_PREFIX = "model."
-WEIGHTS, CONFIG_JSON = "model.safetensors", "config.json"  # LeRobot's policy folder
-VARIANTS = {"full": ("gemma_2b", "gemma_300m")}
+
+def lerobot_writer(model_name: str, where: str) -> Any:
+    """The LeRobot writer of the model family `model_name` (its spec's lerobot_export); a one-line UserError for a
+    family without one."""
+    spec = model_spec(model_name)
+    if spec.lerobot_export is None:
+        others = [name for name in available_models() if name != model_name and _has_writer(name)]
+        raise UserError(f"{where} holds a {model_name} model, and the {model_name} spec declares no LeRobot exporter",
+                        key="model.name", fix=f"export a model of a family that has one ({', '.join(others) or 'none'})"
+                                              f", or give the {model_name} spec a lerobot_export (models/spec.py)")
+    return spec.load("lerobot_export")
 
 
-def lerobot_config(model_cfg: Any, policy_io: dict[str, Any], *, execute_steps: int, dtype: str) -> dict[str, Any]:
-    """config.json of LeRobot's pi05 policy for a model of `model_cfg` trained on the features of `policy_io`."""
-    size = policy_io.get("image_size") or 224
-    inputs: dict[str, Any] = {f"observation.images.{c}": {"type": "VISUAL", "shape": [3, size, size]}
-                              for c in policy_io.get("cameras", [])}
-    inputs["observation.state"] = {"type": "STATE", "shape": [model_cfg.state_dim]}
-    paligemma, expert = VARIANTS.get(model_cfg.size, ("gemma_2b", "gemma_300m"))
-    config = {
-        "type": "pi05", "n_obs_steps": 1, "chunk_size": model_cfg.action_horizon,
-        "n_action_steps": min(execute_steps, model_cfg.action_horizon),
-        "max_state_dim": model_cfg.state_dim, "max_action_dim": model_cfg.action_dim,
-        "input_features": inputs,
-        "output_features": {"action": {"type": "ACTION", "shape": [policy_io.get("action_dim")
-                                                                    or model_cfg.action_dim]}},
-        "paligemma_variant": paligemma, "action_expert_variant": expert, "dtype": dtype,
-        "tokenizer_max_length": model_cfg.max_token_len,
-        "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"},
-    }
-    if model_cfg.size not in VARIANTS:
-        config["embodyhpc_size"] = model_cfg.size
-    return config
+def _has_writer(name: str) -> bool:
+    try:
+        return model_spec(name).lerobot_export is not None
+    except Exception:  # a plug-in that does not load is no suggestion (and not this command's error)
+        return False
 
 
 def export_lerobot(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, execute_steps: int = 50) -> Path:
-    """Write `out_dir` (model.safetensors + config.json) from a verified embodyhpc export; returns out_dir."""
-    import torch
-    from safetensors.torch import save_file
-
+    """Write `out_dir` (the family's LeRobot policy folder) from a verified embodyhpc export; returns out_dir."""
     from embodyhpc.checkpoint.export import load_checked_export
-    from embodyhpc.models.pi05.weights import to_published
 
     export_dir, out_dir = Path(export_dir), Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"{out_dir} exists and is not empty", key="--out", fix="pick a new folder")
     state, _, config, meta = load_checked_export(export_dir)
-    if config.model.name != "pi05":
-        raise UserError(f"{export_dir} holds a {config.model.name} model; LeRobot's layout here is pi0.5's",
-                        key="model.name")
-    if config.model.state_input != "prompt":
-        raise UserError(f"{export_dir}: model.state_input={config.model.state_input} adds a state projection that "
-                        "pi0.5's published layout (and LeRobot's PI05Policy) has no place for", key="model.state_input",
-                        fix="export a model trained with model.state_input=prompt")
-    policy_io = read_policy_io(export_dir)
-    shape = meta.shape
-    dtypes = {v.dtype for v in state.values() if v.is_floating_point()}
-    published = to_published(state, shape, placeholders=True)
+    write = lerobot_writer(config.model.name, str(export_dir))
+    write(out_dir, state, meta, config.model, policy_io=read_policy_io(export_dir),
+          normalizer=saved_normalizer(export_dir), execute_steps=execute_steps)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file({LEROBOT_PREFIX + k: v for k, v in published.items()}, str(out_dir / WEIGHTS),
-              metadata={"format": "pt", "layout": "lerobot-pi05"})
-    dtype = "bfloat16" if dtypes == {torch.bfloat16} else "float32"
-    lerobot = lerobot_config(config.model, policy_io, execute_steps=execute_steps, dtype=dtype)
-    normalizer = saved_normalizer(export_dir)
-    if normalizer is not None and normalizer.mode != "none":
-        lerobot["normalization_mapping"]["STATE"] = NORM_MODES[normalizer.mode]
-    (out_dir / CONFIG_JSON).write_text(json.dumps(lerobot, indent=2) + "\n")
-    write_processors(out_dir, lerobot, normalizer)
     for name in TOKENIZER_FILES:
         if (export_dir / name).is_file():
             shutil.copy2(export_dir / name, out_dir / name)
     return out_dir
 
 
-NORM_MODES = {"quantile": "QUANTILES", "mean_std": "MEAN_STD"}
-PREPROCESSOR, POSTPROCESSOR = "policy_preprocessor", "policy_postprocessor"
-NORMALIZER_STEP = 3  # its place in LeRobot's pi0.5 preprocessor: rename, batch, relative actions, normalize, ...
-PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
-
-
-def write_processors(out_dir: Path, config: dict[str, Any], normalizer: Any) -> None:
-    """LeRobot's pi0.5 pre/post-processor pipelines for `config`, the normalizer steps holding `normalizer`'s
-    (a data.normalize.StateNormalizer, or None)
-    statistics (as LeRobot saves them: flat "<feature>.<stat>" tensors in a safetensors file per stateful step)."""
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    stats: dict[str, Any] = {}
-    if normalizer is not None and normalizer.mode in NORM_MODES:
-        offset, scale = np.asarray(normalizer.offset), np.asarray(normalizer.scale)
-        pair = (("q01", offset - scale), ("q99", offset + scale)) if normalizer.mode == "quantile" else (
-            ("mean", offset), ("std", scale))
-        stats = {f"observation.state.{name}": values.astype(np.float32) for name, values in pair}
-    features = {**config["input_features"], **config["output_features"]}
-    norm = {"registry_name": "normalizer_processor",
-            "config": {"eps": 1e-8, "features": features, "norm_map": config["normalization_mapping"]}}
-    unnorm = {"registry_name": "unnormalizer_processor",
-              "config": {"eps": 1e-8, "features": config["output_features"],
-                         "norm_map": config["normalization_mapping"]}}
-    if stats:
-        norm["state_file"] = f"{PREPROCESSOR}_step_{NORMALIZER_STEP}_normalizer_processor.safetensors"
-        save_file(stats, str(out_dir / norm["state_file"]))
-    pre = [{"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
-           {"registry_name": "to_batch_processor", "config": {}},
-           {"registry_name": "relative_actions_processor",
-            "config": {"enabled": False, "exclude_joints": [], "action_names": None}},
-           norm,
-           {"registry_name": "pi05_prepare_state_tokenizer_processor_step",
-            "config": {"max_state_dim": config["max_state_dim"], "task_key": "task",
-                       "include_state_in_prompt": True}},
-           {"registry_name": "tokenizer_processor",
-            "config": {"max_length": config["tokenizer_max_length"], "task_key": "task", "padding_side": "right",
-                       "padding": "max_length", "truncation": True, "tokenizer_name": PALIGEMMA_TOKENIZER}},
-           {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]
-    post = [unnorm, {"registry_name": "absolute_actions_processor", "config": {"enabled": False}},
-            {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]
-    assert pre[NORMALIZER_STEP] is norm
-    for name, steps in ((PREPROCESSOR, pre), (POSTPROCESSOR, post)):
-        (out_dir / f"{name}.json").write_text(json.dumps({"name": name, "steps": steps}, indent=2) + "\n")
-
-
-__all__ = ["export_lerobot", "lerobot_config"]
+__all__ = ["export_lerobot", "lerobot_writer"]

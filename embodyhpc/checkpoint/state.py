@@ -26,8 +26,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from embodyhpc.atomic import write_json_atomic
 from embodyhpc.checkpoint.layout import TRAINER_JSON
-from embodyhpc.rundir import write_json_atomic
 
 TRAINER_STATE_VERSION = 1
 MODEL_KEY, OPTIM_KEY = "model", "optim"  # top-level keys of the DCP state; export reads MODEL_KEY

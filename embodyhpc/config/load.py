@@ -1,7 +1,10 @@
-"""Load a recipe: schema defaults <- base recipes <- recipe <- site profile <- key=value overrides.
+"""Read a recipe: schema defaults <- base recipes <- recipe <- site profile <- key=value overrides.
 
 Every layer is checked against the schema before it is merged, so an error names the layer
-(file or override), the dotted key and the fix. Nothing here imports torch.
+(file or override), the dotted key and the fix. Nothing here imports torch. What only the registries (models,
+suites) and datasets know is checked one step above, by embodyhpc/validation, whose load_recipe,
+load_unresolved, load_config_file and load_resolved every command uses: merge_recipe and read_config_file
+here are their first half.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import dataclasses
 import difflib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -317,7 +321,7 @@ def _merge(layers: list[Layer]) -> tuple[dict[str, Any], dict[str, str], set[str
         _check_keys(layer.data, Config, "", layer.where)
         _deep_merge(combined, layer.data)
         for key in (*guards.flatten(layer.data), *layer.keys):
-            provenance.pop(key, None)  # re-inserted: the dict's order is the order of the layers (see _located)
+            provenance.pop(key, None)  # re-inserted: the dict's order is the order of the layers (see located)
             provenance[key] = layer.where
     missing = {key for key, value in guards.flatten(combined).items() if value == "???"}
     if any(isinstance(v, str) and "${" in v for v in guards.flatten(combined).values()):
@@ -339,36 +343,25 @@ def _interpolate(combined: dict[str, Any], provenance: dict[str, str]) -> dict[s
                           key=key or None) from exc
 
 
-def load_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: str | None = None,
-                *, recipe_site_keys: str = "refuse", unread: tuple[str, ...] = ()) -> LoadedRecipe:
-    """The one entry point: a validated, frozen config plus its resolved parallel layout.
-
-    recipe_site_keys: what to do with keys only a site profile may set (guards.SITE_ONLY_KEYS) when the recipe
-    file sets them: "refuse" (a recipe), "drop" (a resolved config from someone's export: the site profile
-    given now decides) or "keep" (the resolved.yaml submit wrote into a run directory, reloaded by its jobs).
-    unread: keys the calling command never reads (`smoke` reads no data): one the recipe leaves `???` gets the
-    placeholder UNREAD instead of a missing-value error.
-    """
-    config, provenance, recipe_name, site_name = load_unresolved(recipe, overrides, site,
-                                                                 recipe_site_keys=recipe_site_keys, unread=unread)
-    resolved = resolve_located(config, provenance)
-    return LoadedRecipe(config=config, resolved=resolved, recipe=recipe_name, site=site_name,
-                        overrides=tuple(overrides), provenance=provenance)
-
-
 def resolve_located(config: Config, provenance: dict[str, str]) -> Resolved:
     """resolve(config), its errors naming the layer that set the keys involved."""
     try:
         return resolve(config)
     except ConfigError as exc:
-        raise _located(exc, provenance) from exc
+        raise located(exc, provenance) from exc
 
 
-def load_unresolved(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: str | None = None,
-                    *, recipe_site_keys: str = "refuse",
-                    unread: tuple[str, ...] = ()) -> tuple[Config, dict[str, str], str, str | None]:
-    """load_recipe before resolve(): (config, provenance, recipe name, site profile name). Every section is checked;
-    what depends on the world size is not (`embodyhpc resume` explains a batch size the new world cannot divide)."""
+def merge_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = (), site: str | None = None,
+                 *, recipe_site_keys: str = "refuse",
+                 unread: tuple[str, ...] = ()) -> tuple[Config, dict[str, str], str, str | None]:
+    """The layers merged and built: (config, provenance, recipe name, site profile name). Every section's own checks
+    run; the registries' (embodyhpc/validation) and what depends on the world size (resolve) do not.
+
+    recipe_site_keys: what to do with keys only a site profile may set (guards.SITE_ONLY_KEYS) when the recipe
+    file sets them: "refuse" (a recipe), "drop" (a resolved config from someone's export: the site profile
+    given now decides) or "keep" (the resolved.yaml submit wrote into a run directory, reloaded by its jobs).
+    unread: keys the calling command never reads (`smoke` reads no data): one the recipe leaves `???` gets the
+    placeholder UNREAD instead of a missing-value error."""
     source = find_recipe(recipe)
     layers = _recipe_layers(source)
     frozen = {layer.where for layer in layers} if recipe_site_keys == "keep" else set()
@@ -403,12 +396,12 @@ def load_unresolved(recipe: str, overrides: list[str] | tuple[str, ...] = (), si
                                  skip=lambda key: _where(key, provenance) in frozen)
         config = build(Config, combined)
     except ConfigError as exc:
-        raise _located(exc, provenance) from exc
+        raise located(exc, provenance) from exc
     assert isinstance(config, Config)
     return config, provenance, source.name, site_source.name if site_source else None
 
 
-def _located(exc: ConfigError, provenance: dict[str, str]) -> ConfigError:
+def located(exc: ConfigError, provenance: dict[str, str]) -> ConfigError:
     """Name the layer that last set one of the keys involved (a later layer wins a conflict)."""
     if exc.where is not None:
         return exc
@@ -421,19 +414,17 @@ def _located(exc: ConfigError, provenance: dict[str, str]) -> ConfigError:
     return ConfigError(exc.message, where=where, key=exc.key, fix=exc.fix)
 
 
-def load_resolved(run_dir: str | Path) -> Config:
-    """The frozen config a job reads from its run directory (written by submit)."""
-    from embodyhpc.rundir import RESOLVED_YAML
-
-    return load_config_file(Path(run_dir) / RESOLVED_YAML)
-
-
-def load_config_file(path: str | Path) -> Config:
-    """A resolved config written by submit or by an export (config.yaml next to the weights)."""
+def read_config_file(path: str | Path, check: Callable[[Config], object] | None = None) -> Config:
+    """A resolved config written by submit or by an export (config.yaml next to the weights), its sections' own
+    checks run, then `check` (the registries': embodyhpc/validation's validate, or a library's check of the one
+    section it reads), every error naming the file."""
     path = Path(path)
     data = _parse(_read_path(path))
     _check_keys(data, Config, "", str(path))
     try:
-        return build(Config, data)
+        config = build(Config, data)
+        if check is not None:
+            check(config)
     except ConfigError as exc:
         raise ConfigError(exc.message, where=str(path), key=exc.key, fix=exc.fix) from exc
+    return config

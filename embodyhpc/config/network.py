@@ -61,7 +61,7 @@ class NetworkConfig:
     dump_on_timeout: bool = True
     """TORCH_NCCL_DUMP_ON_TIMEOUT: who was stuck where when a collective timed out. The flight recorder's size
     is not exported here: torch 2.8 renamed its variable and warns on every rank about the old name, and only the
-    job knows the nodes' torch, so the job sets it (embodyhpc.launch.distributed.set_flight_recorder_size). A size
+    job knows the nodes' torch, so the job sets it (embodyhpc.parallel.flight_recorder.set_flight_recorder_size). A size
     set in extra_env or site.env under either name is kept, under the name that torch reads. The training job also
     points the dumps into the run (logs/flight-recorder/<job id>/, TORCH_FR_DUMP_TEMP_FILE) unless one of them
     sets TORCH_FR_DUMP_TEMP_FILE (or its old name, TORCH_NCCL_DEBUG_INFO_TEMP_FILE) itself."""

@@ -2,19 +2,20 @@
 
 Field docstrings are the reference documentation for recipe authors (`embodyhpc recipes show`
 prints a resolved recipe). Invariants that concern one section live in its `__post_init__`;
-invariants across sections (world size, batch arithmetic) live in `resolve.py`.
+invariants across sections (world size, batch arithmetic) live in `resolve.py`. Both need nothing above config:
+what only the registries know (a model family's name, options, sizes and keys; suites, their tasks and options;
+reference policies) and what only a dataset knows are checked by embodyhpc/validation, the one step every command
+that loads a recipe goes through.
 """
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
 from embodyhpc.config import checks, nccl_values
 from embodyhpc.config.network import NetworkConfig
 from embodyhpc.errors import ConfigError
-from embodyhpc.eval.task_names import unknown_task
 
 
 @dataclass(frozen=True)
@@ -158,24 +159,30 @@ class StagingConfig:
         checks.choice("staging.verify", self.verify, ("quick", "full", "none"))
 
 
-MODEL_SIZES = ("tiny", "small", "full")
 ATTENTION_BACKENDS = ("auto", "flash_varlen", "torch_varlen", "flex", "sdpa_segments", "sdpa_reference")
-STATE_INPUTS = ("prompt", "expert")
 STATE_NORMS = ("none", "mean_std", "quantile")
+MODEL_FAMILY_KEYS = ("size", "attention_backend", "tokenizer_path", "max_token_len", "packing", "state_input",
+                     "state_dim")
+"""Keys of the model section that belong to model families, not to every model: a family reads one only where its
+spec declares it (embodyhpc/models/spec.py: `sizes` for size, `keys` for the others), which also checks its value;
+set for a family that does not read it (away from its default), it is refused at validate."""
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "pi05"
-    """A registered model plug-in (embodyhpc/models/spec.py: pi05, or one added by register_model or an
-    `embodyhpc.models` entry point). The keys below up to state_norm are shared by every model; size through
-    packing are pi0.5's own (kept here so existing recipes stay valid); another model's own options go under
-    model.options."""
+    """A registered model plug-in (embodyhpc/models/spec.py: pi05, groot, or one added by register_model or an
+    `embodyhpc.models` entry point). Every model reads init_weights, action_horizon, action_dim, state_key,
+    state_norm and norm_stats. The family keys (MODEL_FAMILY_KEYS: size, attention_backend, tokenizer_path,
+    max_token_len, packing, state_input, state_dim) stay here, where existing recipes set them, and are read by the
+    families whose spec declares them (pi0.5: all; GR00T: all but state_input and state_dim); a family refuses one
+    it does not read. A new family's own options go under model.options."""
     options: dict[str, Any] = field(default_factory=dict)
     """The selected model's own options, checked against its spec's options dataclass when the recipe is loaded
     (pi0.5 takes none here)."""
     size: str = "tiny"
-    """tiny (laptop CPU), small, or full (the published shapes: pi0.5 ~3.3B parameters; groot has tiny and full)."""
+    """One of the family's sizes (its spec's `sizes`): pi0.5 tiny (laptop CPU), small, or full (the published
+    shapes, ~3.3B parameters); groot tiny or full."""
     attention_backend: str = "auto"
     """auto picks the fastest available for the device; sdpa_reference (dense mask) is the CPU reference,
     sdpa_segments the per-sample CPU path; flex is forward-only on CPU."""
@@ -200,10 +207,11 @@ class ModelConfig:
     """Dataset feature the policy reads as the robot state (MetaWorld demos also carry
     observation.environment_state, the simulator's full 39-d state)."""
     state_input: str = "prompt"
-    """prompt: the state is discretised into the prompt as text (pi0.5); expert: the continuous state vector is
+    """pi0.5's: prompt: the state is discretised into the prompt as text; expert: the continuous state vector is
     projected into every action-expert token (pi0-style), which learns from a few demonstrations on a CPU."""
     state_dim: int = 32
-    """With state_input=expert: the projection's input size (the state is zero-padded to it, like actions)."""
+    """pi0.5's, with state_input=expert: the projection's input size (the state is zero-padded to it, like
+    actions)."""
     state_norm: str = "none"
     """none, mean_std, or quantile (q01..q99 -> [-1, 1], pi0.5's choice), from the dataset's meta/stats.json; the
     statistics are saved with exported weights for evaluation."""
@@ -215,21 +223,14 @@ class ModelConfig:
     (checkpoints/normalization.json). Checked against the dataset's state and model.state_norm before training."""
 
     def __post_init__(self) -> None:
-        from embodyhpc.models.spec import model_spec
-
-        spec = model_spec(self.name)
-        spec.parse_options(self.options)  # the name, then the model's own options
-        checks.choice("model.size", self.size, MODEL_SIZES)
+        # the name, options, size and family keys are the family's (models/spec.py check_model_config, at validate)
         checks.choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        for key in ("action_horizon", "action_dim", "max_token_len", "state_dim"):
+        for key in ("action_horizon", "action_dim", "max_token_len"):
             checks.positive(f"model.{key}", getattr(self, key))
-        checks.choice("model.state_input", self.state_input, STATE_INPUTS)
         checks.choice("model.state_norm", self.state_norm, STATE_NORMS)
         if not isinstance(self.norm_stats, str) or not self.norm_stats.strip():
             raise ConfigError("model.norm_stats is empty", key="model.norm_stats",
                               fix="auto, init, dataset, or the path of a statistics file")
-        if spec.check is not None:
-            spec.load("check")(self)
 
 
 AC_MODES = ("none", "full", "every_k")
@@ -385,15 +386,8 @@ class EvalConfig:
     """Rendered camera size for policies that did not record one (a trained policy renders what it trained on)."""
 
     def __post_init__(self) -> None:
-        from embodyhpc.eval.references import reference_policy_names
-        from embodyhpc.eval.suites import available_suites, suite_option_names
-
-        checks.choice("eval.suite", self.suite, tuple(available_suites()))
-        allowed = suite_option_names(self.suite) if self.suite_options else []
-        for key in self.suite_options:
-            if key not in allowed:
-                raise ConfigError(f"the {self.suite} suite has no option {key!r}", key=f"eval.suite_options.{key}",
-                                  fix=f"use one of: {', '.join(allowed) or 'none'}")
+        # the suite, its options and tasks, the reference policies, then the episodes those tasks make for the
+        # shards: validation/registries.py's
         if not self.tasks:
             raise ConfigError("needs at least one task", key="eval.tasks")
         if not self.seeds:
@@ -406,12 +400,6 @@ class EvalConfig:
             twice = next(seed for seed in self.seeds if self.seeds.count(seed) > 1)
             raise ConfigError(f"seed {twice} is listed twice: its episodes would count twice", key="eval.seeds",
                               fix="list each seed once")
-        unknown = unknown_task(self.suite, list(self.tasks))
-        if unknown is not None:
-            task, accepted = unknown
-            close = difflib.get_close_matches(task, accepted, n=1)
-            raise ConfigError(f"{task!r} is not a task of the {self.suite} suite", key="eval.tasks",
-                              fix=f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(accepted)}")
         for key in ("episodes_per_task", "shards", "array_parallelism", "cpus_per_task", "envs_per_shard"):
             checks.positive(f"eval.{key}", getattr(self, key))
         checks.positive("eval.gpus_per_task", self.gpus_per_task, allow_zero=True)
@@ -425,20 +413,12 @@ class EvalConfig:
             checks.positive(f"eval.{key}", getattr(self, key))
         for key in ("max_steps", "videos_per_task"):
             checks.positive(f"eval.{key}", getattr(self, key), allow_zero=True)
-        for name in self.reference_policies:
-            checks.choice("eval.reference_policies", name, tuple(reference_policy_names()))
         if "replay" in self.reference_policies and not self.suite_options.get("replay_dataset"):
             raise ConfigError("the replay row plays a dataset's actions back and none is given",
                               key="eval.reference_policies", related=("eval.suite_options.replay_dataset",),
                               fix="set eval.suite_options.replay_dataset=/path/to/lerobot_dataset, or drop replay")
         checks.slurm_mem("eval.mem", self.mem)
         checks.slurm_time_minutes("eval.time", self.time)
-        num_episodes = len(self.tasks) * len(self.seeds) * self.episodes_per_task
-        if self.shards > num_episodes:
-            raise ConfigError(
-                f"{self.shards} shards for {num_episodes} episodes would leave shards empty", key="eval.shards",
-                related=("eval.tasks", "eval.seeds", "eval.episodes_per_task"),
-                fix=f"set eval.shards={num_episodes} or fewer")
 
 
 @dataclass(frozen=True)

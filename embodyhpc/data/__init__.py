@@ -2,6 +2,8 @@
 
 Supported formats, detected from what is on disk:
 - LeRobot v3.0 folders (meta/info.json with codebase_version "v3.0"): `LeRobotV3Dataset`.
+- LeRobot v2.1 folders (codebase_version "v2.1": per-episode parquet and mp4 files): `LeRobotV21Dataset`, the values
+  LeRobot 0.3's reader gives; `embodyhpc data convert SRC --to v3.0 --out DST` rewrites one as v3.0.
 - HDF5 files in the robomimic/LIBERO layout (data/demo_<i>/{obs/..., actions}): `HDF5EpisodeDataset`.
 
     from embodyhpc.data import open_dataset
@@ -25,8 +27,10 @@ if TYPE_CHECKING:
 
     from embodyhpc.data.hdf5 import HDF5EpisodeDataset
     from embodyhpc.data.lerobot import LeRobotV3Dataset
+    from embodyhpc.data.lerobot_v21 import LeRobotV21Dataset
 
-__all__ = ["DatasetError", "HDF5EpisodeDataset", "LeRobotV3Dataset", "detect_format", "open_dataset"]
+__all__ = ["DatasetError", "HDF5EpisodeDataset", "LeRobotV21Dataset", "LeRobotV3Dataset", "detect_format",
+           "open_dataset"]
 
 
 def open_dataset(root: str | os.PathLike, delta_timestamps: Mapping[str, Sequence[float]] | None = None,
@@ -38,10 +42,15 @@ def open_dataset(root: str | os.PathLike, delta_timestamps: Mapping[str, Sequenc
     options: passed to the format's reader. LeRobot: video_backend ("auto", "torchcodec", "pyav" or a
         FrameDecoder), tolerance_s. HDF5: fps (default 20), task, tolerance_s.
     """
-    if detect_format(root) == "lerobot-v3.0":
+    fmt = detect_format(root)
+    if fmt == "lerobot-v3.0":
         from embodyhpc.data.lerobot import LeRobotV3Dataset
 
         return LeRobotV3Dataset(root, delta_timestamps, **options)
+    if fmt == "lerobot-v2.1":
+        from embodyhpc.data.lerobot_v21 import LeRobotV21Dataset
+
+        return LeRobotV21Dataset(root, delta_timestamps, **options)
     from embodyhpc.data.hdf5 import HDF5EpisodeDataset
 
     return HDF5EpisodeDataset(root, delta_timestamps, **options)
@@ -53,6 +62,10 @@ def __getattr__(name: str) -> Any:
         from embodyhpc.data.lerobot import LeRobotV3Dataset
 
         return LeRobotV3Dataset
+    if name == "LeRobotV21Dataset":
+        from embodyhpc.data.lerobot_v21 import LeRobotV21Dataset
+
+        return LeRobotV21Dataset
     if name == "HDF5EpisodeDataset":
         from embodyhpc.data.hdf5 import HDF5EpisodeDataset
 

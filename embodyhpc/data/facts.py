@@ -28,7 +28,7 @@ IMAGE_PREFIX = "observation.images."
 class DatasetFacts:
     root: str
     format: str
-    """"lerobot-v3.0" or "hdf5"."""
+    """"lerobot-v3.0", "lerobot-v2.1" or "hdf5"."""
     fps: float
     num_episodes: int
     shortest_episode: int

@@ -141,6 +141,8 @@ class HDF5EpisodeDataset(Dataset):
                 if key in self.delta_indices:
                     rows, pads[key] = clamp_to_episode(idx, self.delta_indices[key], first, end)
                     item[key] = self._read(demo, key, rows - first)
+                    if key in self.image_keys and len(rows) == 1:  # LeRobot squeezes a one-frame camera query
+                        item[key] = item[key][0]
                 else:
                     item[key] = self._read(demo, key, np.array([idx - first]))[0]
         except Exception as exc:  # noqa: BLE001 - h5py raises OSError, KeyError, ValueError for damaged files

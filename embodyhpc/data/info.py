@@ -1,6 +1,7 @@
 """`embodyhpc data info PATH`: what a dataset holds, from its metadata (no frames decoded).
 
 LeRobot v3.0: meta/info.json (fps, features, totals), meta/tasks.parquet, meta/episodes.
+LeRobot v2.1: meta/info.json, meta/tasks.jsonl, meta/episodes.jsonl.
 HDF5 (robomimic/LIBERO layout): the demo groups, their lengths and the observation arrays.
 """
 
@@ -20,7 +21,7 @@ def dataset_info(root: str | os.PathLike) -> dict[str, Any]:
     path = Path(root)
     try:
         fmt = detect_format(path)
-        info = _lerobot(path) if fmt == "lerobot-v3.0" else _hdf5(path)
+        info = _hdf5(path) if fmt == "hdf5" else _lerobot(path, fmt)
         size = path.stat().st_size if path.is_file() else sum(
             p.stat().st_size for p in path.rglob("*") if p.is_file())
     except OSError as exc:  # permissions, a folder that vanished, an I/O error
@@ -41,12 +42,13 @@ def _read_parquet(path: Path, columns: list[str] | None = None) -> Any:
         raise DatasetError(f"cannot read parquet: {' '.join(str(exc).split())[:200]}", where=str(path)) from None
 
 
-def _lerobot(root: Path) -> dict[str, Any]:
+def _lerobot(root: Path, fmt: str) -> dict[str, Any]:
     meta = read_lerobot_info(root)
     where = str(root / "meta" / "info.json")
     missing = [k for k in ("features", "fps", "total_episodes", "total_frames") if k not in meta]
     if missing:
-        raise DatasetError(f"missing {', '.join(missing)}: not a LeRobot v3.0 info.json", where=where)
+        raise DatasetError(f"missing {', '.join(missing)}: not a LeRobot {fmt.removeprefix('lerobot-')} info.json",
+                           where=where)
     specs = meta["features"]
     if not isinstance(specs, dict) or not all(isinstance(v, dict) and "dtype" in v and "shape" in v
                                               for v in specs.values()):
@@ -54,11 +56,17 @@ def _lerobot(root: Path) -> dict[str, Any]:
     features = {name: {"dtype": spec["dtype"], "shape": list(spec["shape"]),
                        **({"codec": (spec.get("info") or {}).get("video.codec")} if spec["dtype"] == "video" else {})}
                 for name, spec in specs.items()}
-    tasks_table = _read_parquet(root / "meta" / "tasks.parquet")
-    index_col = next((c for c in tasks_table.column_names if c not in ("task_index",)), None)
-    tasks = sorted(str(t) for t in tasks_table.column(index_col).to_pylist()) if index_col else []
-    episode_files = sorted((root / "meta" / "episodes").rglob("*.parquet"))
-    lengths = [n for f in episode_files for n in _read_parquet(f, ["length"]).column("length").to_pylist()]
+    if fmt == "lerobot-v2.1":
+        from embodyhpc.data.v21_meta import read_episodes, read_tasks
+
+        tasks = sorted(read_tasks(root).values())
+        lengths = [episode.length for episode in read_episodes(root)]
+    else:
+        tasks_table = _read_parquet(root / "meta" / "tasks.parquet")
+        index_col = next((c for c in tasks_table.column_names if c not in ("task_index",)), None)
+        tasks = sorted(str(t) for t in tasks_table.column(index_col).to_pylist()) if index_col else []
+        episode_files = sorted((root / "meta" / "episodes").rglob("*.parquet"))
+        lengths = [n for f in episode_files for n in _read_parquet(f, ["length"]).column("length").to_pylist()]
     return {
         "fps": meta["fps"],
         "robot_type": meta.get("robot_type"),

@@ -74,13 +74,18 @@ def _column_to_numpy(column: pa.ChunkedArray, num_rows: int) -> np.ndarray:
 
 
 class LeRobotV3Dataset(Dataset):
-    """All frames of a LeRobot v3.0 dataset; item i is frame row i (its global `index`)."""
+    """All frames of a LeRobot v3.0 dataset; item i is frame row i (its global `index`).
+
+    Subclasses for other layouts (data/lerobot_v21.py) load the same tables (`_tasks`, `_episodes`, the frame
+    columns) from their own files and override `video_path`; items are built here for every layout."""
+
+    codebase_version = "v3.0"
 
     def __init__(self, root: str | os.PathLike, delta_timestamps: Mapping[str, Sequence[float]] | None = None,
                  *, video_backend: str | FrameDecoder = "auto", tolerance_s: float = DEFAULT_TOLERANCE_S) -> None:
         self.root = Path(root)
         self.info = read_lerobot_info(self.root)
-        check_lerobot_version(self.root, self.info)
+        check_lerobot_version(self.root, self.info, self.codebase_version)
         self.fps = int(self.info["fps"])
         self.tolerance_s = tolerance_s
         self.features: dict[str, dict[str, Any]] = self.info["features"]
@@ -88,7 +93,7 @@ class LeRobotV3Dataset(Dataset):
         if any(f.get("dtype") == "image" for f in self.features.values()):
             raise DatasetError("features stored as images inside parquet are not supported yet (only video)",
                                where=str(self.root / "meta" / "info.json"))
-        self._tasks = _read_tasks(self.root / "meta" / "tasks.parquet")
+        self._tasks = self._load_tasks()
         self._load_episodes()
         self._load_frames()
         self.delta_indices = delta_steps(delta_timestamps, self.features, self.fps, tolerance_s)
@@ -97,6 +102,9 @@ class LeRobotV3Dataset(Dataset):
             video_backend, tolerance_s=tolerance_s)
 
     # -- metadata -------------------------------------------------------------------------------------
+    def _load_tasks(self) -> dict[int, str]:
+        return _read_tasks(self.root / "meta" / "tasks.parquet")
+
     def _load_episodes(self) -> None:
         files = sorted((self.root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
         if not files:
@@ -123,7 +131,12 @@ class LeRobotV3Dataset(Dataset):
         data_files = sorted(set(zip(eps["data/chunk_index"].tolist(), eps["data/file_index"].tolist(), strict=True)))
         paths = [self.root / self.info["data_path"].format(chunk_index=c, file_index=f) for c, f in data_files]
         keys = [k for k in self.features if k not in self.video_keys]
-        table = pa.concat_tables([_read_parquet(p, keys) for p in paths])
+        self._set_frames(pa.concat_tables([_read_parquet(p, keys) for p in paths]), keys)
+
+    def _set_frames(self, table: pa.Table, keys: Sequence[str]) -> None:
+        """The frame columns (every non-video feature) of all data files in row order, checked against the
+        episodes."""
+        eps = self._episodes
         num_frames = table.num_rows
         # Columns as tensors: items index them without Python objects per row, and forked workers share them.
         self._columns = {}
@@ -137,7 +150,7 @@ class LeRobotV3Dataset(Dataset):
             raise DatasetError(f"frame rows are not numbered 0..{num_frames - 1} in order across data files",
                                where=str(self.root / "data"), fix="re-export the dataset with LeRobot")
         if int(eps["dataset_to_index"].max(initial=0)) != num_frames:
-            raise DatasetError(f"meta/episodes ends at row {int(eps['dataset_to_index'].max(initial=0))} but the "
+            raise DatasetError(f"the episodes end at row {int(eps['dataset_to_index'].max(initial=0))} but the "
                                f"data files hold {num_frames} rows", where=str(self.root))
         # Row of meta/episodes for each frame, so an item finds its episode bounds in O(1).
         episode_row = np.full(int(eps["episode_index"].max(initial=0)) + 1, -1, dtype=np.int64)
@@ -186,7 +199,8 @@ class LeRobotV3Dataset(Dataset):
             frame_s = self._timestamps_s[rows[key]] if key in rows else self._timestamps_s[idx:idx + 1]
             frames = self._decode(key, episode_row, idx, from_s + frame_s)
             frames = frames.to(torch.float32).div_(255)  # (T, C, H, W)
-            item[key] = frames if key in rows else frames[0]
+            # LeRobot squeezes a one-frame query: a single camera offset gives (C, H, W), as no offset does
+            item[key] = frames if len(frames) > 1 else frames[0]
         item["task"] = self._tasks[int(item["task_index"])]
         return item
 

@@ -6,10 +6,11 @@
 
 Modes: `none`; `mean_std`: (x - mean) / std; `quantile`: q01 -> -1 and q99 -> +1 (pi0.5's choice: robust to
 outliers; values outside are clipped to [-1, 1]). Statistics come from the dataset's meta/stats.json (LeRobot's
-format; our writer produces it). A dimension that never varies (std or q99 - q01 below 1e-6) maps to 0, so
-a constant input carries no signal instead of a huge one. The statistics are saved next to exported weights
-(`normalization.json`): an evaluation normalises with the numbers the policy was trained with, not with
-whatever dataset it can find.
+format; our writer produces it), or for a LeRobot v2.1 folder from meta/episodes_stats.jsonl aggregated as LeRobot 0.3
+does (no quantiles there: `embodyhpc data convert` writes a v3.0 copy with them). A dimension that never varies (std
+or q99 - q01 below 1e-6) maps to 0, so a constant input carries no signal instead of a huge one. The statistics are
+saved next to exported weights (`normalization.json`): an evaluation normalises with the numbers the policy was
+trained with, not with whatever dataset it can find.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ class StateNormalizer:
             raise UserError(f"the dataset statistics have no entry for {key!r} (entries: {', '.join(sorted(stats))})",
                             key="model.state_key", fix="name a vector feature of the dataset")
         entry = stats[key]
+        lacking = [s for s in (("mean", "std") if mode == "mean_std" else ("q01", "q99")) if s not in entry]
+        if lacking:
+            raise UserError(f"normalisation {mode!r} needs {' and '.join(lacking)} of {key!r}, and the dataset "
+                            f"statistics have only {', '.join(sorted(entry))}", key="model.state_norm",
+                            fix="set model.state_norm=mean_std, or convert a LeRobot v2.1 dataset with `embodyhpc "
+                                "data convert SRC --to v3.0 --out DST` (it adds the quantiles)")
         if mode == "mean_std":
             offset, scale = np.asarray(entry["mean"], np.float64), np.asarray(entry["std"], np.float64)
         else:
@@ -62,6 +69,10 @@ class StateNormalizer:
         if mode == "none":
             return cls(key, mode)
         path = Path(root) / "meta" / "stats.json"
+        if _is_v21(Path(root)):
+            from embodyhpc.data.v21_meta import v21_stats
+
+            return cls.from_stats(v21_stats(root), key, mode)
         if not path.is_file():
             raise UserError(f"normalisation {mode!r} needs dataset statistics and {path} does not exist",
                             key="model.state_norm", fix="set model.state_norm=none, or use a LeRobot dataset "
@@ -139,3 +150,12 @@ def _finite_vector(values: Any, path: Path, key: str, fix: str) -> tuple[float, 
     if bad is not None:
         raise UserError(f"{values[bad]} is not finite", where=str(path), key=f"{key}[{bad}]", fix=fix)
     return tuple(float(v) for v in values)
+
+
+def _is_v21(root: Path) -> bool:
+    from embodyhpc.data.v21_meta import CODEBASE_VERSION
+
+    try:
+        return json.loads((root / "meta" / "info.json").read_text()).get("codebase_version") == CODEBASE_VERSION
+    except (OSError, ValueError, AttributeError):
+        return False

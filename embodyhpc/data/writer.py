@@ -61,7 +61,7 @@ from embodyhpc.data.output_dir import WRITING_MARKER, check_output_dir, not_repl
 from embodyhpc.errors import RunFailure
 
 __all__ = ["CODEBASE_VERSION", "DEFAULT_FEATURES", "WRITING_MARKER", "LeRobotWriter", "NoEpisodesError",
-           "VideoOptions", "dataset_size_bytes", "not_replaceable"]
+           "VideoOptions", "dataset_size_bytes", "not_replaceable", "write_episodes_parquet", "write_tasks_parquet"]
 
 CODEBASE_VERSION = "v3.0"
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -494,29 +494,10 @@ class LeRobotWriter:
             self.abort()
 
     def _write_episodes(self, meta: Path) -> None:
-        path = self.root / EPISODES_PATH.format(chunk_index=0, file_index=0)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        table = pa.Table.from_pylist(self._episodes)
-        table = table.set_column(table.schema.get_field_index("tasks"), "tasks",
-                                 pa.array([r["tasks"] for r in self._episodes], type=pa.list_(pa.string())))
-        pq.write_table(table, path)
+        write_episodes_parquet(self.root / EPISODES_PATH.format(chunk_index=0, file_index=0), self._episodes)
 
     def _write_tasks(self, path: Path) -> None:
-        # LeRobot reads this with pandas and looks tasks up by the index: store the strings as the pandas index.
-        index_column = "__index_level_0__"
-        pandas_meta = {
-            "index_columns": [index_column],
-            "column_indexes": [{"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
-                                "metadata": {"encoding": "UTF-8"}}],
-            "columns": [{"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
-                         "numpy_type": "int64", "metadata": None},
-                        {"name": None, "field_name": index_column, "pandas_type": "unicode", "numpy_type": "object",
-                         "metadata": None}],
-            "attributes": {}, "creator": {"library": "pyarrow", "version": pa.__version__},
-        }
-        table = pa.table({"task_index": pa.array(list(self._tasks.values()), type=pa.int64()),
-                          index_column: pa.array(list(self._tasks), type=pa.string())})
-        pq.write_table(table.replace_schema_metadata({"pandas": json.dumps(pandas_meta)}), path)
+        write_tasks_parquet(path, self._tasks)
 
     def _stats(self) -> dict[str, dict[str, list]]:
         stats = {}
@@ -560,6 +541,34 @@ class LeRobotWriter:
             "video_path": VIDEO_PATH if self.video_keys else None,
             "features": features,
         }
+
+
+def write_episodes_parquet(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """meta/episodes/chunk-*/file-*.parquet: one row per episode, `tasks` a list of strings."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(list(rows))
+    table = table.set_column(table.schema.get_field_index("tasks"), "tasks",
+                             pa.array([list(r["tasks"]) for r in rows], type=pa.list_(pa.string())))
+    pq.write_table(table, path)
+
+
+def write_tasks_parquet(path: Path, tasks: Mapping[str, int]) -> None:
+    """meta/tasks.parquet from {task string: task_index}."""
+    # LeRobot reads this with pandas and looks tasks up by the index: store the strings as the pandas index.
+    index_column = "__index_level_0__"
+    pandas_meta = {
+        "index_columns": [index_column],
+        "column_indexes": [{"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
+                            "metadata": {"encoding": "UTF-8"}}],
+        "columns": [{"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
+                     "numpy_type": "int64", "metadata": None},
+                    {"name": None, "field_name": index_column, "pandas_type": "unicode", "numpy_type": "object",
+                     "metadata": None}],
+        "attributes": {}, "creator": {"library": "pyarrow", "version": pa.__version__},
+    }
+    table = pa.table({"task_index": pa.array(list(tasks.values()), type=pa.int64()),
+                      index_column: pa.array(list(tasks), type=pa.string())})
+    pq.write_table(table.replace_schema_metadata({"pandas": json.dumps(pandas_meta)}), path)
 
 
 def dataset_size_bytes(root: str | os.PathLike) -> int:

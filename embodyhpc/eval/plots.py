@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from embodyhpc.atomic import replace_atomically
 from embodyhpc.eval.aggregate import Report
-from embodyhpc.rundir import replace_atomically
 
 
 def _figure(width: float, height: float) -> tuple[Any, Any]:

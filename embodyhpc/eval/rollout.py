@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
+from embodyhpc.atomic import write_jsonl_atomic
 from embodyhpc.eval.policies import Policy
 from embodyhpc.eval.shards import Episode
 from embodyhpc.eval.suites import EvalEnv, Obs, Suite, episode_seed
-from embodyhpc.rundir import write_jsonl_atomic
 
 RECORD_FIELDS = frozenset({"policy", "task", "seed", "episode", "success", "return", "length", "success_step",
                            "wall_s", "video"})

@@ -1,4 +1,4 @@
-"""Simulator suites for evaluation: one interface over MetaWorld, PushT and whatever a site adds.
+"""Simulator suites for evaluation: one interface over MetaWorld, PushT, LIBERO and whatever a site adds.
 
     from embodyhpc.eval.suites import make_suite
 
@@ -15,24 +15,29 @@ trained on those reads them as they are: vectors float32, images uint8 (H, W, 3)
 An episode is the triple (task, seed, episode) of embodyhpc.eval.shards.Episode and maps to one initial state on
 every machine. MetaWorld: goal variant `episode % 50` of `MT1(task, seed + episode // 50)`, exactly the demo
 generator's `make_env(task, seed, variant)`, so evaluating with a seed the demos were not generated with gives
-held-out goal variants. PushT: `reset(seed=episode_seed(task, seed, episode))`.
+held-out goal variants. PushT: `reset(seed=episode_seed(task, seed, episode))`. LIBERO: the task's fixed initial
+state `episode % 50` (suite_libero.py).
 
-Suites shipped: "metaworld" (50 v3 tasks; "MT10" and "MT50" expand; scripted experts) and "pusht" (gym-pusht,
-task "pusht"; no expert). Simulators are imported only when a suite is made.
+Suites shipped: "metaworld" (50 v3 tasks; "MT10" and "MT50" expand; scripted experts), "pusht" (gym-pusht, task
+"pusht"; no expert) and "libero" (`<benchmark>/<index>` tasks, a benchmark name expands; no expert). Simulators are
+imported only when a suite is made.
 
-Adding a simulator (LIBERO, a site's own)
------------------------------------------
+Adding a simulator (a site's own)
+---------------------------------
 Write a class with the `Suite` members below whose `make_env` returns an `EvalEnv`, and a factory
-`factory(tasks, *, cameras, image_size, **options) -> Suite`. Then either register it in code that runs before
-evaluation (a site plugin module):
-
-    from embodyhpc.eval.suites import register_suite
-    register_suite("libero", "mysite.libero_suite:LiberoSuite")   # "module:attr" (imported on first use) or a callable
-
-or declare it as a package entry point, which `make_suite` finds without any import on your side:
+`factory(tasks, *, cameras, image_size, **options) -> Suite` (a class whose __init__ takes them). Its keyword-only
+options are what `eval.suite_options` may set (suite_option_names); a `task_names` attribute (the names, or a
+callable returning them) lets `validate` refuse an unknown task before anything runs (suite_task_names). Declare it
+as a package entry point, which evaluation jobs, `validate` and `make_suite` find without any import on your side
+(tests/plugins/walk_suite is one, added from its folder alone):
 
     [project.entry-points."embodyhpc.eval_suites"]
-    libero = "mysite.libero_suite:LiberoSuite"
+    mysim = "mysite.mysim_suite:MySimSuite"
+
+In one process (a test, a notebook), `register_suite` does the same without a package:
+
+    from embodyhpc.eval.suites import register_suite
+    register_suite("mysim", "mysite.mysim_suite:MySimSuite")   # "module:attr" (imported on first use) or a callable
 
 Keep observation keys the ones your training dataset uses, make `make_env(task, seed, episode)` a pure function
 of its arguments (the evaluation is sharded over machines and must not depend on which shard ran an episode),

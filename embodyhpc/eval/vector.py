@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from embodyhpc.atomic import write_jsonl_atomic
 from embodyhpc.eval.policies import Policy
 from embodyhpc.eval.rollout import (
     EpisodeVideo,
@@ -52,7 +53,6 @@ from embodyhpc.eval.rollout import (
 )
 from embodyhpc.eval.shards import Episode
 from embodyhpc.eval.suites import Obs, Suite, episode_seed, suite_factory
-from embodyhpc.rundir import write_jsonl_atomic
 
 WORKER_CLOSE_TIMEOUT_S = 30.0
 WORKER_THREAD_VARS = ("LP_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

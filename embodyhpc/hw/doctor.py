@@ -23,8 +23,9 @@ from embodyhpc.hw.checks import Check, Status, fail, ok, warn, worst
 from embodyhpc.hw.gpu import GpuBackend, GpuHealth, check_gpus, open_gpu_backend
 from embodyhpc.hw.ib import DEFAULT_SYSFS_ROOT, IbPort, read_ib_ports
 from embodyhpc.hw.ib_checks import check_ib
-from embodyhpc.hw.storage import Mount, NvmeInfo, check_nvme, check_runs_root, probe_nvme, read_mounts
+from embodyhpc.hw.storage import NvmeInfo, check_nvme, check_runs_root, probe_nvme
 from embodyhpc.hw.versions import NOT_AVAILABLE, exported_nccl_env, torch_versions
+from embodyhpc.mounts import Mount, read_mounts
 
 
 @dataclass(frozen=True)

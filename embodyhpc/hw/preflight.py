@@ -135,7 +135,7 @@ def run_preflight_for_job(run_dir: str | os.PathLike, config: Config, local_rank
 
 
 def write_result(result: PreflightResult, logs_dir: Path) -> Path:
-    from embodyhpc.rundir import write_json_atomic
+    from embodyhpc.atomic import write_json_atomic
 
     logs_dir.mkdir(parents=True, exist_ok=True)
     path = logs_dir / f"preflight-{result.node}.json"

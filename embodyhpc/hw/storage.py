@@ -15,27 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embodyhpc.hw.checks import Check, fail, human_bytes, ok, warn
+from embodyhpc.mounts import Mount, mount_for
 
-FS_KINDS = {
-    "lustre": "lustre", "gpfs": "gpfs", "nfs": "nfs", "nfs4": "nfs", "beegfs": "beegfs", "wekafs": "weka",
-    "ext4": "local", "ext3": "local", "xfs": "local", "btrfs": "local", "zfs": "local", "tmpfs": "local",
-    "overlay": "local",
-}
 SHARED_KINDS = frozenset({"lustre", "gpfs", "nfs", "beegfs", "weka"})
 # local but gone at reboot or with the container: fine for scratch, wrong for checkpoints
 EPHEMERAL_TYPES = frozenset({"tmpfs", "overlay"})
-
-
-@dataclass(frozen=True)
-class Mount:
-    device: str
-    mount_point: str
-    fstype: str
-
-    @property
-    def kind(self) -> str:
-        """lustre, gpfs, nfs, beegfs, weka, local, or "other" (fuse.*, cephfs, ...)."""
-        return FS_KINDS.get(self.fstype, "other")
 
 
 @dataclass(frozen=True)
@@ -48,35 +32,6 @@ class NvmeInfo:
     fstype: str | None = None
     kind: str | None = None
     error: str | None = None
-
-
-def _unescape(field: str) -> str:
-    # the kernel writes space, tab, newline and backslash in mount points as octal escapes (\040 ...)
-    for code in ("\\040", "\\011", "\\012", "\\134"):
-        field = field.replace(code, chr(int(code[1:], 8)))
-    return field
-
-
-def read_mounts(mounts_path: str | Path = "/proc/mounts") -> list[Mount]:
-    mounts = []
-    for line in Path(mounts_path).read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 3:
-            mounts.append(Mount(_unescape(fields[0]), _unescape(fields[1]), fields[2]))
-    return mounts
-
-
-def mount_for(path: str | Path, mounts: list[Mount]) -> Mount | None:
-    """The mount holding `path`: the longest mount point that is a whole-component prefix of it.
-    On ties the later line wins, since a later mount on the same point hides the earlier one."""
-    target = os.path.realpath(path)
-    best: Mount | None = None
-    for mount in mounts:
-        point = mount.mount_point.rstrip("/") or "/"
-        inside = target == point or target.startswith(point + "/") or point == "/"
-        if inside and (best is None or len(point) >= len(best.mount_point.rstrip("/") or "/")):
-            best = mount
-    return best
 
 
 def check_runs_root(path: str | Path, mounts: list[Mount], num_nodes: int = 1) -> tuple[Mount | None, Check]:

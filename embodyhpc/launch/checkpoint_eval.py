@@ -43,8 +43,8 @@ def evaluates_step(config: Config, step: int) -> bool:
 def request(run: Path, step: int, checkpoint: Path, progress: Callable[[str], None] = print) -> Path | None:
     """Evaluate `checkpoint` (complete) of the training run `run`: its run directory, and on Slurm its chain.
     Returns the evaluation run directory, or None when that step was asked for before."""
-    from embodyhpc.config.load import load_recipe
     from embodyhpc.orchestrate.api import run_chain, start_run
+    from embodyhpc.validation import load_recipe
 
     target = eval_run_dir(run, step)
     parent = RunInfo.load(run)

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from embodyhpc.checkpoint.integrity import EXPORT_JSON
-from embodyhpc.config.load import load_resolved
 from embodyhpc.config.schema import Config
 from embodyhpc.eval.shards import plan_shards
 from embodyhpc.evaluate import checkpoint_export_dir, evaluated_checkpoint
 from embodyhpc.rundir import EXPORT_DIR, VIDEOS_DIR, shard_file
+from embodyhpc.validation import load_resolved
 
 TRAINED = "trained"
 SHARD_STARTED_FIELD = "shard_started_at"

@@ -27,10 +27,10 @@ from typing import Any
 
 from embodyhpc.checkpoint import layout
 from embodyhpc.checkpoint.errors import NotACheckpointError
-from embodyhpc.config.load import load_resolved
 from embodyhpc.eval.policy_files import SIDE_FILES, check_policy_files, find_side_files
 from embodyhpc.evaluate import SIDE_FILE_DIRS, checkpoint_export_dir, evaluated_checkpoint
 from embodyhpc.rundir import EXPORT_DIR, RESOLVED_YAML
+from embodyhpc.validation import load_resolved
 
 __all__ = ["SIDE_FILES", "SIDE_FILE_DIRS", "export_checkpoint", "export_task"]
 
@@ -58,7 +58,7 @@ def export_checkpoint(checkpoint: Path, *, eval_run: Path | None = None, eval_co
     files; into <eval_run>/export where the run's exports/step-N cannot be used (module docstring)."""
     from embodyhpc.checkpoint.export import EXPORT_JSON, built_from, check_fits, export_consolidated, model_entries
     from embodyhpc.checkpoint.integrity import verify_export
-    from embodyhpc.config.load import load_config_file
+    from embodyhpc.validation import load_config_file
 
     canonical = checkpoint_export_dir(checkpoint)
     assert canonical is not None  # evaluated_checkpoint checked the path's shape

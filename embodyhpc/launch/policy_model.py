@@ -54,8 +54,8 @@ class PolicyModel(mlflow.pyfunc.PythonModel):
 def io_spec(export_dir: Path) -> tuple[list, list]:
     """(inputs, outputs) of the signature, as embodyhpc.tracking.logged_model.TensorDesc lists."""
     from embodyhpc.checkpoint.integrity import CONFIG_FILE
-    from embodyhpc.config.load import load_config_file
     from embodyhpc.rundir import read_policy_io
+    from embodyhpc.validation import load_config_file
 
     config = load_config_file(export_dir / CONFIG_FILE)
     io = read_policy_io(export_dir)

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from embodyhpc.checkpoint import layout
-from embodyhpc.config.load import load_resolved
 from embodyhpc.eval.shards import all_episodes
 from embodyhpc.evaluate import evaluated_checkpoint
 from embodyhpc.launch.eval import SHARD_STARTED_FIELD, TRAINED, plan, planned_tasks, policy_names, weights_dir
@@ -42,6 +41,7 @@ from embodyhpc.rundir import (
     shard_files,
     write_json_atomic,
 )
+from embodyhpc.validation import load_resolved
 
 
 def report_task(run_dir: str) -> dict:

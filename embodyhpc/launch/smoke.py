@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from embodyhpc.config.load import load_resolved
-from embodyhpc.rundir import SMOKE_FILE, SMOKE_REQUEST_FILE, write_json_atomic
+from embodyhpc.atomic import write_json_atomic
+from embodyhpc.rundir import SMOKE_FILE, SMOKE_REQUEST_FILE
+from embodyhpc.validation import load_resolved
 
 
 class SmokeFailed(RuntimeError):

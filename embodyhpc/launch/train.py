@@ -33,7 +33,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from embodyhpc.config.load import load_resolved
 from embodyhpc.config.schema import CheckpointConfig, Config, DataConfig, StagingConfig, TrainConfig
 from embodyhpc.launch import distributed, observe
 from embodyhpc.rundir import (
@@ -46,6 +45,7 @@ from embodyhpc.rundir import (
     write_json_atomic,
 )
 from embodyhpc.train.preempt import Requeued, Stopped, StopSignal
+from embodyhpc.validation import load_resolved
 
 _DIM = 16
 _HOST_BYTES = 64
@@ -243,11 +243,9 @@ def _train_policy(config: Config, run_dir: Path, data_root: str, dist_env: distr
     from embodyhpc.rundir import RESOLVED_YAML
     from embodyhpc.train.loop import train
 
-    out = train(data=dataclasses.replace(config.data, root=data_root), model_cfg=config.model,
-                precision=config.precision, parallelism=config.parallelism, train_cfg=config.train,
-                checkpoint=config.checkpoint, resolved=resolve(config), run_dir=run_dir, dist_env=dist_env,
-                device=device, config_yaml=(run_dir / RESOLVED_YAML).read_text(), stop=stop, extra_sinks=extra_sinks,
-                on_checkpoint=checkpoint_eval.hook(run_dir, config))
+    out = train(dataclasses.replace(config, data=dataclasses.replace(config.data, root=data_root)), resolve(config),
+                run_dir=run_dir, dist_env=dist_env, device=device, config_yaml=(run_dir / RESOLVED_YAML).read_text(),
+                stop=stop, extra_sinks=extra_sinks, on_checkpoint=checkpoint_eval.hook(run_dir, config))
     return {"mode": "policy", "resumed_from_step": out.start_step, "steps": out.final_step,
             "last_metrics": out.last_metrics, "export_path": str(out.export_path) if out.export_path else None,
             "stopped_by": out.stopped_by, "stopped_at_step": out.final_step if out.stopped_by else None}

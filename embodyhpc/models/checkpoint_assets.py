@@ -151,7 +151,7 @@ def check_norm_stats(model_cfg: Any, data_root: str | None) -> list[str]:
     if setting in ("auto", "init") and init and not Path(init).expanduser().exists():
         return []
     if setting not in NORM_STATS_SETTINGS and not Path(setting).expanduser().exists():
-        return []  # config/paths.py reports a missing path (or warns for an unmounted filesystem)
+        return []  # validation/paths.py reports a missing path (or warns for an unmounted filesystem)
     path = stats_file(setting, model_cfg.init_weights)
     if path is None:
         return []

@@ -9,6 +9,7 @@ Who calls what:
 - the checkpointer and exports: `state_dict()` / `load_state_dict()` (plain nn.Module);
 - evaluation: the spec's `inference` class wraps the model and implements EvalPolicy;
 - `embodyhpc smoke`: the spec's `smoke` object implements SmokeModel.
+- `embodyhpc export --format lerobot`: the spec's `lerobot_export` implements LeRobotExporter.
 
 Every torch.nn.Module that adds fsdp_units, init_rules and init_weights satisfies TrainablePolicy.
 """
@@ -19,6 +20,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import numpy as np
     import torch
     from torch import nn
@@ -81,3 +84,15 @@ class SmokeModel(Protocol):
         """(a packed batch with `.to(device)`, its noise, its flow times, the tokens it puts through the model),
         seeded by `rank`: the same every call."""
         ...
+
+
+class LeRobotExporter(Protocol):
+    """What `embodyhpc export --format lerobot` (checkpoint/lerobot_export.py) calls once the export is verified: it
+    writes the family's LeRobot policy folder at `out_dir` (creating it) from the export's weights `state`, the
+    model its recipe builds (`model`, on the meta device), the recipe's `model` section, the dataset's features
+    (policy_io.json as a dict, {} without one) and the state statistics training used (data.normalize.
+    StateNormalizer, or None). What LeRobot's layout cannot hold is refused (errors.UserError, one line) before
+    anything is written; the command copies the tokenizer training read beside it afterwards."""
+
+    def __call__(self, out_dir: Path, state: dict[str, torch.Tensor], model: nn.Module, model_cfg: Any, *,
+                 policy_io: dict[str, Any], normalizer: Any, execute_steps: int) -> None: ...

@@ -1,8 +1,8 @@
 """Reading safetensors checkpoints for any model: lazy file access, key conversion rules, the load report.
 
-A model's published-weights adapter (its spec's `weights`, e.g. models/pi05/weights.py) maps published keys to its
-own with KeyRules; embodyhpc/checkpoint/sliced_weights.py reads each rank's rows through them. Nothing here imports
-torch.distributed.
+A model's published-weights adapter (its spec's `weights`: a PublishedWeights made of the family's conversions, e.g.
+models/pi05/weights.py) maps published keys to its own with KeyRules; embodyhpc/checkpoint/sliced_weights.py reads
+each rank's rows through them. Nothing here imports torch.distributed.
 """
 
 from __future__ import annotations
@@ -212,3 +212,89 @@ def refuse_mismatches(report: LoadReport, source_name: str, *, strict: bool, hin
         if report.unexpected:
             parts.append(f"unexpected {len(report.unexpected)} key(s): {listing(report.unexpected)}")
         raise WeightsLayoutError(f"{source_name}: " + "; ".join(parts) + " (strict=False loads the rest)")
+
+
+# ---- a family's adapter: its two pure conversions behind the model-level API ----
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and persistent buffers by state-dict name, without transformer-engine's `_extra_state`."""
+    return {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.endswith("_extra_state")}
+
+
+def plain_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain tensor with the values of a parameter, also of a tensor subclass (torchao's float8 training wraps
+    weights in one, which safetensors cannot write)."""
+    if type(tensor) in (torch.Tensor, torch.nn.Parameter):
+        return tensor.detach()
+    with torch.no_grad():
+        return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device).copy_(tensor)
+
+
+def refuse_sharded(tensors: Mapping[str, torch.Tensor]) -> None:
+    for name, tensor in tensors.items():
+        if type(tensor).__name__ == "DTensor" or type(getattr(tensor, "data", None)).__name__ == "DTensor":
+            raise WeightsLayoutError(f"{name} is sharded (FSDP/DTensor): use "
+                                     "embodyhpc.checkpoint.sliced_weights.load_weights_sharded on every rank")
+
+
+class PublishedWeights:
+    """A family's published-weights adapter (its spec's `weights`; the protocol is checkpoint/sliced_weights.py's
+    WeightsAdapter), made of the family's two pure conversions, each keyed on the model's `shape`:
+
+        plan_load(source, shape, targets, *, strict, source_name) -> (LoadReport, [(KeyRule, key in the file)])
+        to_published(state, shape, *, placeholders, dtype) -> {published key: tensor}
+
+    and the model-level load and save of unsharded models built on them (sharded ones: checkpoint.sliced_weights).
+    `layout` goes into the metadata of the files written."""
+
+    def __init__(self, layout: str, plan_load: Callable[..., tuple[LoadReport, list[tuple[KeyRule, str]]]],
+                 to_published: Callable[..., dict[str, torch.Tensor]]) -> None:
+        self.layout = layout
+        self._plan_load, self._to_published = plan_load, to_published
+
+    def plan_load(self, source: TensorSource, model: torch.nn.Module, targets: Mapping[str, tuple[int, ...]], *,
+                  strict: bool, source_name: str) -> tuple[LoadReport, list[tuple[KeyRule, str]]]:
+        return self._plan_load(source, model.shape, targets, strict=strict, source_name=source_name)
+
+    def to_published(self, state: Mapping[str, torch.Tensor], model: torch.nn.Module, *, placeholders: bool = True,
+                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        return self._to_published(state, model.shape, placeholders=placeholders, dtype=dtype)
+
+    @torch.no_grad()
+    def load(self, model: torch.nn.Module, path_or_dir: str | Path | TensorSource, *,
+             strict: bool = True) -> LoadReport:
+        """Published-layout weights (a .safetensors file, a folder with model.safetensors or a sharded index, or an
+        in-memory dict) into `model`, cast to each tensor's dtype: copied in place one at a time into a materialised
+        model, assigned (on the CPU) to a model still on the meta device."""
+        tensors = model_tensors(model)
+        refuse_sharded(tensors)
+        if isinstance(path_or_dir, (str, Path)):
+            source, name = SafetensorsCheckpoint(path_or_dir), str(path_or_dir)
+        else:
+            source, name = path_or_dir, "state dict"
+        report, to_load = self.plan_load(source, model, {k: tuple(v.shape) for k, v in tensors.items()},
+                                         strict=strict, source_name=name)
+        get = source.get if isinstance(source, SafetensorsCheckpoint) else source.__getitem__
+        converted = ((rule.ours, rule.to_ours(get(key))) for rule, key in to_load)
+        if any(t.is_meta for t in tensors.values()):
+            model.load_state_dict({k: v.to(tensors[k].dtype) for k, v in converted}, strict=False, assign=True)
+        else:
+            for ours, tensor in converted:
+                tensors[ours].copy_(tensor)  # copy_ casts to the tensor's dtype and device
+        return report
+
+    def save(self, model: torch.nn.Module, path: str | Path, *, placeholders: bool = True,
+             dtype: torch.dtype | None = None, key_prefix: str = "") -> Path:
+        """The model's weights as one safetensors file in the published layout (a folder: its model.safetensors);
+        returns the path. `key_prefix` names the keys as a framework's policy file does (LeRobot: "model.")."""
+        from safetensors.torch import save_file
+
+        tensors = model_tensors(model)
+        refuse_sharded(tensors)
+        path = Path(path)
+        if path.suffix != ".safetensors":
+            path = path / SINGLE_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        published = self.to_published(tensors, model, placeholders=placeholders, dtype=dtype)
+        save_file({key_prefix + k: v for k, v in published.items()}, str(path),
+                  metadata={"format": "pt", "layout": self.layout})
+        return path

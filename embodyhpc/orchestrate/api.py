@@ -1,18 +1,53 @@
-"""Start, run and cancel chains: what `embodyhpc submit`/`eval`/`smoke --submit`/`cancel` and the training job
-(evaluations of its checkpoints) call. The backend is the run's (run.json `backend`)."""
+"""Start, run and cancel chains: what `embodyhpc submit`/`eval`/`smoke --submit`/`cancel`/`resume` and the training
+job (evaluations of its checkpoints) call, and the one dry run (`submit --dry-run`, `resume --dry-run`).
+
+A backend executes a plan (orchestrate.plan.Plan) and implements `Backend`; which one a run uses is run.json's
+`backend`, looked up in BACKENDS (by import name: a Slurm run never imports the local backend, nor the other way).
+"""
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.evaluate import evaluated_checkpoint
-from embodyhpc.orchestrate.plan import chain_plan, smoke_plan
+from embodyhpc.orchestrate.plan import Plan, chain_plan
+from embodyhpc.plugins import import_name
 from embodyhpc.rundir import RESOLVED_YAML, JobRecord, RunInfo, requested_evals, write_private
 
 Progress = Callable[[str], None]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What executes a plan. `cancel_note`: None where `cancel` cancels; else why there is nothing to cancel."""
+
+    cancel_note: str | None
+
+    def submit(self, plan: Plan, info: RunInfo, progress: Progress) -> RunInfo:
+        """Start every job of the plan (their records go to run.json); returns the run's record."""
+
+    def poll(self, info: RunInfo) -> dict[str, str]:
+        """Each job's state (by kind)."""
+
+    def cancel(self, info: RunInfo) -> list[str]:
+        """Stop every job the run recorded; the ids stopped."""
+
+
+BACKENDS = {
+    "slurm": "embodyhpc.orchestrate.backend_slurm:SlurmBackend",
+    "local": "embodyhpc.orchestrate.backend_local:LocalBackend",
+}
+
+
+def backend(name: str) -> Backend:
+    """The backend a run records (run.json `backend`: RunInfo.load accepts only the names BACKENDS holds)."""
+    return import_name(BACKENDS[name])()
 
 
 def start_run(loaded: LoadedRecipe, run_dir: Path, *, backend: str, python: str, mlflow_run_id: str | None,
@@ -33,25 +68,55 @@ def start_run(loaded: LoadedRecipe, run_dir: Path, *, backend: str, python: str,
     return info
 
 
-def run_chain(loaded: LoadedRecipe, info: RunInfo, *, progress: Progress = print, eval_only: bool = False) -> RunInfo:
-    """Submit the chain of a started run to Slurm, or run it on this machine (info.backend decides)."""
-    run_dir = Path(info.run_dir)
-    if info.backend == "slurm":
-        from embodyhpc.orchestrate.backend_slurm import submit_plan
-
-        return submit_plan(loaded, run_dir, info, chain_plan(loaded, eval_only=eval_only), on_submit=lambda r: progress(
-            f"submitted {r.kind}: job {r.job_id}" + (f" ({r.dependency})" if r.dependency else "")))
-    from embodyhpc.orchestrate.backend_local import run_local_chain
-
-    return run_local_chain(loaded, run_dir, info, progress=progress, eval_only=eval_only)
+def run_chain(loaded: LoadedRecipe, info: RunInfo, *, progress: Progress = print, eval_only: bool = False,
+              plan: Plan | None = None) -> RunInfo:
+    """Hand the chain of a started run to its backend. `plan`: the chain as the caller made it already (submit and
+    resume make it before the run folder changes, so that a broken template fails first); else it is made here
+    (an evaluation of a checkpoint that training asks for)."""
+    if plan is None:
+        plan = chain_plan(loaded, Path(info.run_dir), info.python, eval_only=eval_only)
+    return backend(info.backend).submit(plan, info, progress)
 
 
-def submit_smoke(loaded: LoadedRecipe, run_dir: Path, info: RunInfo) -> JobRecord:
-    """One smoke job (embodyhpc.launch.smoke) on Slurm, on one node with the training job's resources."""
-    from embodyhpc.orchestrate.backend_slurm import submit_plan
-
-    submit_plan(loaded, run_dir, info, smoke_plan())
+def submit_smoke(plan: Plan, info: RunInfo) -> JobRecord:
+    """One smoke job (plan.smoke_plan) on Slurm, on one node with the training job's resources."""
+    backend("slurm").submit(plan, info, lambda message: None)
     return info.jobs["smoke"]
+
+
+@dataclass
+class PlannedJob:
+    """One job a dry run would hand to sbatch."""
+
+    kind: str
+    sbatch_args: list[str]
+    """The options on sbatch's command line (dependencies on the placeholder ids `<train>`, `<eval>`, ...)."""
+    script_path: str
+    script: str
+
+
+@dataclass
+class DryRun:
+    run_dir: str
+    """The folder the jobs would run in."""
+    jobs: list[PlannedJob]
+
+    def text(self, header: str | None = None) -> str:
+        out = [header or f"# dry run: nothing submitted; run directory would be {self.run_dir}"]
+        for job in self.jobs:
+            out.append(f"# sbatch {''.join(f'{arg} ' for arg in job.sbatch_args)}{shlex.quote(job.script_path)}")
+            out.append(job.script)
+        return "\n".join(out)
+
+
+def dry_run(plan: Plan) -> DryRun:
+    """What submitting `plan` would hand to sbatch: each job's command line and script; nothing is submitted."""
+    from embodyhpc.orchestrate.backend_slurm import dependency_args
+
+    placeholders = {job.kind: f"<{job.kind}>" for job in plan.jobs}  # the job ids sbatch would answer
+    args = [dependency_args(job.spec, placeholders) for job in plan.jobs]
+    return DryRun(str(plan.run_dir), [PlannedJob(job.kind, job_args, str(job.script_path), job.script)
+                                      for job, job_args in zip(plan.jobs, args, strict=True)])
 
 
 def cancel_run(run_dir: Path) -> str:
@@ -61,15 +126,18 @@ def cancel_run(run_dir: Path) -> str:
     from embodyhpc.runlock import run_lock
 
     info = RunInfo.load(run_dir)
-    if info.backend != "slurm":
-        return "local runs stop with their `embodyhpc submit` process (Ctrl-C); nothing to cancel"
+    note = backend(info.backend).cancel_note
+    if note is not None:
+        return note
     with run_lock(info.run_dir, "embodyhpc cancel"):  # a resume or submit mid-way: refused, naming it
         return _cancel_locked(RunInfo.load(run_dir))  # read again: the holder before us may have added jobs
 
 
 def _cancel_locked(info: RunInfo) -> str:
     from embodyhpc.errors import RunDirError
-    from embodyhpc.orchestrate.backend_slurm import cancel_chain
+
+    def cancel_chain(run: RunInfo) -> list[str]:
+        return backend(run.backend).cancel(run)
 
     cancelled = cancel_chain(info)  # training first: it asks for no evaluation after this
     lines = [f"cancelled jobs {' '.join(cancelled) or '(none submitted)'}"]

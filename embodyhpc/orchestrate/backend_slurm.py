@@ -8,24 +8,17 @@ fails, the jobs already submitted are cancelled.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from embodyhpc.config.load import LoadedRecipe
-from embodyhpc.orchestrate.plan import JobSpec, resolve_task
-from embodyhpc.rundir import JobRecord, RunInfo, script_file, submitit_folder, write_private
+from embodyhpc.plugins import import_name
+from embodyhpc.rundir import JobRecord, RunInfo, submitit_folder, write_private
 from embodyhpc.slurm import commands
 from embodyhpc.slurm.executor import RecipeExecutor
-from embodyhpc.slurm.render import job_shape, render_job
 
+if TYPE_CHECKING:
+    from embodyhpc.orchestrate.plan import Job, JobSpec, Plan
 
-def _executor(loaded: LoadedRecipe, kind: str, run_dir: Path, python: str,
-              sbatch_args: list[str]) -> RecipeExecutor:
-    def script(command: str) -> str:
-        return render_job(loaded, kind, run_dir, python, command=command)
-
-    return RecipeExecutor(submitit_folder(run_dir), shape=job_shape(loaded, kind), script=script,
-                          python=python, sbatch_args=sbatch_args,
-                          max_num_timeout=loaded.config.resources.max_requeues)
+Progress = Callable[[str], None]
 
 
 def dependency_args(job: JobSpec, job_ids: dict[str, str]) -> list[str]:
@@ -36,37 +29,52 @@ def dependency_args(job: JobSpec, job_ids: dict[str, str]) -> list[str]:
     return args + (["--kill-on-invalid-dep=yes"] if job.condition == "afterok" else [])
 
 
-def submit_plan(loaded: LoadedRecipe, run_dir: Path, info: RunInfo, plan: list[JobSpec],
-                on_submit: Callable[[JobRecord], None] = lambda record: None) -> RunInfo:
-    """Submit every job of `plan` in order; each job's record goes to run.json as soon as it is submitted."""
-    job_ids: dict[str, str] = {}
-    try:
-        for job in plan:
-            sbatch_args = dependency_args(job, job_ids)
-            executor = _executor(loaded, job.kind, run_dir, info.python, sbatch_args)
-            task = resolve_task(job.task)
-            if job.array_size:
-                handle = executor.map_array(task, [str(run_dir)] * job.array_size, range(job.array_size))[0]
-            else:
-                handle = executor.submit(task, str(run_dir))
-            job_ids[job.kind] = str(handle.job_id).split("_")[0]
-            assert executor.submitted_text is not None
-            write_private(script_file(run_dir, job.kind), executor.submitted_text)
-            dependency = sbatch_args[0].split("=", 1)[1] if sbatch_args else None
-            record = JobRecord(kind=job.kind, job_id=job_ids[job.kind], array_size=job.array_size,
-                               dependency=dependency)
-            info.jobs[job.kind] = record
-            info.save()
-            on_submit(record)
-    except BaseException:
-        if job_ids:
-            commands.cancel(list(job_ids.values()))
-        raise
-    return info
+class SlurmBackend:
+    """Slurm as a backend (orchestrate.api.Backend): sbatch through submitit, sacct, scancel."""
 
+    cancel_note = None
 
-def cancel_chain(info: RunInfo) -> list[str]:
-    """scancel every job the run recorded; the ids cancelled."""
-    ids = [r.job_id for r in info.jobs.values() if r.job_id]
-    commands.cancel(ids)
-    return ids
+    def submit(self, plan: Plan, info: RunInfo, progress: Progress = print) -> RunInfo:
+        """Submit every job of `plan` in order; each job's record goes to run.json as soon as it is submitted."""
+        job_ids: dict[str, str] = {}
+        try:
+            for job in plan.jobs:
+                record = self._submit_job(job, plan, info, job_ids)
+                progress(f"submitted {record.kind}: job {record.job_id}"
+                         + (f" ({record.dependency})" if record.dependency else ""))
+        except BaseException:
+            if job_ids:
+                commands.cancel(list(job_ids.values()))
+            raise
+        return info
+
+    def _submit_job(self, job: Job, plan: Plan, info: RunInfo, job_ids: dict[str, str]) -> JobRecord:
+        sbatch_args = dependency_args(job.spec, job_ids)
+        executor = RecipeExecutor(submitit_folder(plan.run_dir), shape=job.shape, script=job.script,
+                                  python=plan.python, sbatch_args=sbatch_args,
+                                  max_num_timeout=job.shape.max_requeues)
+        task = import_name(job.spec.task)
+        size = job.shape.array_size
+        if size:
+            handle = executor.map_array(task, [str(plan.run_dir)] * size, range(size))[0]
+        else:
+            handle = executor.submit(task, str(plan.run_dir))
+        job_ids[job.kind] = str(handle.job_id).split("_")[0]
+        write_private(job.script_path, job.script)  # what sbatch received (the executor checked it is)
+        record = JobRecord(kind=job.kind, job_id=job_ids[job.kind], array_size=size,
+                           dependency=sbatch_args[0].split("=", 1)[1] if sbatch_args else None)
+        info.jobs[job.kind] = record
+        info.save()
+        return record
+
+    def poll(self, info: RunInfo) -> dict[str, str]:
+        """Each job's state as Slurm reports it (sacct and squeue; run.json's when sacct does not answer)."""
+        from embodyhpc.slurm.status import chain_status
+
+        return {status.kind: status.state for status in chain_status(info)}
+
+    def cancel(self, info: RunInfo) -> list[str]:
+        """scancel every job the run recorded; the ids cancelled."""
+        ids = [r.job_id for r in info.jobs.values() if r.job_id]
+        commands.cancel(ids)
+        return ids

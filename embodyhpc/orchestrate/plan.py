@@ -6,16 +6,24 @@
     smoke:                 one smoke job
 
 A failed training (or export) cancels the evaluation array; the report still runs and records why.
+
+A `Plan` is the chain for one run directory: each job's dependencies (JobSpec), its shape (resources, environment,
+command: `job_shape`) and its sbatch script, each computed once, here. Everything downstream reads the plan: the
+dry run, `embodyhpc render`, the Slurm backend (the script is what sbatch receives) and the local backend (the
+shape's processes, time limit and environment; the script is written to scripts/ for reference).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.evaluate import evaluated_checkpoint
 from embodyhpc.plugins import import_name
+from embodyhpc.rundir import script_file
+from embodyhpc.slurm.render import render_jobs, submitit_command
 
 TASKS = {
     "train": "embodyhpc.launch.train:train_task",
@@ -25,6 +33,8 @@ TASKS = {
     "smoke": "embodyhpc.launch.smoke:smoke_task",
 }
 """Each job kind's task, `module:function`: called with the run directory (and the shard index, in an array)."""
+SMOKE_TIME_MIN = 60  # embodyhpc smoke --submit: ~17 short trainings, inductor compiles included
+REPORT_TIME_MIN = 15
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,7 @@ def chain_kinds(loaded: LoadedRecipe, *, eval_only: bool = False) -> list[str]:
     return ["train"] + (["eval"] if loaded.config.eval.enabled else []) + ["report"]
 
 
-def chain_plan(loaded: LoadedRecipe, *, eval_only: bool = False) -> list[JobSpec]:
+def chain_specs(loaded: LoadedRecipe, *, eval_only: bool = False) -> list[JobSpec]:
     """The jobs of the chain in submission order, each after the jobs it depends on."""
     jobs: list[JobSpec] = []
     for kind in chain_kinds(loaded, eval_only=eval_only):
@@ -70,9 +80,99 @@ def chain_plan(loaded: LoadedRecipe, *, eval_only: bool = False) -> list[JobSpec
     return jobs
 
 
-def smoke_plan() -> list[JobSpec]:
+@dataclass(frozen=True)
+class JobShape:
+    """One job's resources, environment and command, computed once (job_shape). The script (slurm.render), submitit
+    (slurm.executor) and the local backend read it."""
+
+    kind: str
+    nodes: int
+    tasks_per_node: int
+    time_min: int
+    array_size: int = 0  # 0: not an array
+    array_parallelism: int = 1
+    cpus_per_task: int = 1
+    mem: str = "2G"
+    gpus: int = 0  # per node (per task for an evaluation shard)
+    whole_node: bool = False
+    """The site's node constraint and exclusivity apply (training and smoke: they check a training node)."""
+    signal_delay_s: int = 60
+    """Slurm signals the job this many seconds before its time limit."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """What the job's processes find in their environment (the script exports it; the local backend sets it)."""
+    command: str = ""
+    """What the job runs: submitit's command (slurm.render.submitit_command), shell-quoted."""
+    max_requeues: int = 3
+    """How often submitit puts the job back in the queue after a timeout or preemption."""
+
+
+def job_shape(loaded: LoadedRecipe, kind: str, run_dir: Path, command: str) -> JobShape:
+    """What one job asks for and runs with: nodes, tasks, time, array, cpus/mem/gpus, its environment, `command`."""
+    cfg, res = loaded.config, loaded.resolved
+    env = {"EMBODYHPC_RUN_DIR": str(run_dir), "EMBODYHPC_JOB_KIND": kind, **dict(cfg.site.env)}
+    if kind in ("train", "smoke"):
+        env.update(cfg.network.environment())
+    r, ev = cfg.resources, cfg.eval
+    common = {"env": env, "command": command, "max_requeues": r.max_requeues}
+    node = {"cpus_per_task": r.cpus_per_task, "mem": r.mem, "gpus": r.gpus_per_node, "whole_node": True}
+    if kind == "train":
+        return JobShape(kind, r.nodes, res.procs_per_node, res.train_time_min, **node,
+                        signal_delay_s=r.signal_delay_s, **common)
+    if kind == "smoke":  # one process on one node, a training node's request; its FSDP row starts a rank per GPU
+        return JobShape(kind, 1, 1, SMOKE_TIME_MIN, **node, **common)
+    if kind == "eval":  # one task per shard: a node-level request is the task's
+        return JobShape(kind, 1, 1, res.eval_time_min, ev.shards, min(ev.shards, ev.array_parallelism),
+                        ev.cpus_per_task, ev.mem, ev.gpus_per_task, **common)
+    if kind == "export":  # one process reads the checkpoint's model entries: an evaluation shard's resources
+        return JobShape(kind, 1, 1, res.eval_time_min, cpus_per_task=ev.cpus_per_task, mem=ev.mem, **common)
+    if kind == "report":
+        return JobShape(kind, 1, 1, REPORT_TIME_MIN, **common)
+    raise ValueError(f"unknown job kind {kind!r}; expected one of {tuple(TASKS)}")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job of a plan: what it waits for and runs (spec), what it asks for (shape), its sbatch text (script)."""
+
+    kind: str
+    spec: JobSpec
+    shape: JobShape
+    script: str
+    script_path: Path
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The jobs of one run directory, in submission order, each with its shape and script computed once."""
+
+    run_dir: Path
+    python: str
+    jobs: tuple[Job, ...]
+
+
+def make_plan(loaded: LoadedRecipe, specs: list[JobSpec], run_dir: Path, python: str) -> Plan:
+    """Each job's shape and script (slurm.render: once per job). A broken or refused template raises here."""
+    command = submitit_command(python, run_dir)  # every job of a run runs submitit's one command
+    paths = [script_file(run_dir, spec.kind) for spec in specs]
+    shapes = [job_shape(loaded, spec.kind, run_dir, command) for spec in specs]
+    scripts = render_jobs(loaded, shapes, run_dir)
+    return Plan(Path(run_dir), python, tuple([Job(spec.kind, spec, shape, script, path) for spec, shape, script, path
+                                              in zip(specs, shapes, scripts, paths, strict=True)]))
+
+
+def chain_plan(loaded: LoadedRecipe, run_dir: Path, python: str, *, eval_only: bool = False) -> Plan:
+    """The recipe's chain (chain_specs) for `run_dir`."""
+    return make_plan(loaded, chain_specs(loaded, eval_only=eval_only), run_dir, python)
+
+
+def kind_plan(loaded: LoadedRecipe, kind: str, run_dir: Path, python: str) -> Plan:
+    """One job of `kind` alone (`embodyhpc render --job KIND`; smoke_plan)."""
+    return make_plan(loaded, [JobSpec(kind, TASKS[kind])], run_dir, python)
+
+
+def smoke_plan(loaded: LoadedRecipe, run_dir: Path, python: str) -> Plan:
     """`embodyhpc smoke --submit`: one job on one node with the training job's resources."""
-    return [JobSpec("smoke", TASKS["smoke"])]
+    return kind_plan(loaded, "smoke", run_dir, python)
 
 
 def resolve_task(name: str) -> Callable[..., object]:

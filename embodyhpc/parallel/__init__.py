@@ -9,6 +9,10 @@ torch.distributed. Usage on every rank, after init_process_group:
         model = build_model(config.model, config.precision)
     plan = parallelize(model, config.parallelism, config.precision, mesh)
     materialize(model, device)
+
+Before the process group exists: device.rank_device (the GPU each rank binds) and flight_recorder (the NCCL flight
+recorder's settings under the names the running torch reads); the job's process group (launch/distributed.py), the
+training loop and `embodyhpc smoke` use them.
 """
 
 from __future__ import annotations

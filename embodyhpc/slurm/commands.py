@@ -6,7 +6,6 @@ Arguments are always lists: no shell, nothing from a recipe is ever parsed by a 
 from __future__ import annotations
 
 import contextlib
-import re
 import shutil
 import signal
 import subprocess
@@ -14,6 +13,7 @@ import threading
 from collections.abc import Iterator
 
 from embodyhpc.errors import SlurmError, UserError
+from embodyhpc.job_ids import JOB_ID
 
 TIMEOUT_S = 60
 
@@ -44,9 +44,6 @@ def reachable() -> tuple[bool, str]:
     except SlurmError as exc:
         return False, str(exc)
     return True, "ok"
-
-
-JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?")  # a job, or one element of an array
 
 
 def cancel(job_ids: list[str]) -> None:

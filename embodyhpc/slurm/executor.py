@@ -1,9 +1,11 @@
 """submitit's Slurm executor, with our rendered template as the sbatch text.
 
 submitit keeps doing what it is good at (pickling the task, requeue on timeout/preemption,
-job paths, result files); the script text comes from `render.render_job`, so what
-`embodyhpc render` prints is what sbatch receives. Dependencies go on the sbatch command line,
-which keeps the script text independent of job ids.
+job paths, result files); the script text is the plan's (rendered once by `render.render_jobs`, with the
+command submitit runs: `render.submitit_command`), so what `embodyhpc render` prints is what sbatch
+receives. Should submitit ever ask for another command than the one the script was rendered with, the
+submission is refused rather than sent with a script that runs something else. Dependencies go on the
+sbatch command line, which keeps the script text independent of job ids.
 
 This overrides private submitit methods (`_make_submission_file_text`,
 `_make_submission_command`, the array branch of `_internal_process_submissions`); the
@@ -16,31 +18,34 @@ from __future__ import annotations
 import os
 import shlex
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from submitit.core import utils as submitit_utils
 from submitit.slurm.slurm import SlurmExecutor, SlurmJob
 
+from embodyhpc.errors import SlurmError
 from embodyhpc.slurm.render import JobShape
 
 
 class RecipeExecutor(SlurmExecutor):
-    def __init__(self, folder: Path, *, shape: JobShape, script: Callable[[str], str], python: str,
+    def __init__(self, folder: Path, *, shape: JobShape, script: str, python: str,
                  sbatch_args: list[str] | None = None, max_num_timeout: int = 3) -> None:
         super().__init__(folder, max_num_timeout=max_num_timeout, python=shlex.quote(python))
         self._shape = shape
         self._script = script
         self._sbatch_args = list(sbatch_args or [])
-        self.submitted_text: str | None = None
         # submitit reads these for the task count, timeouts and the array's size
         self.update_parameters(nodes=shape.nodes, ntasks_per_node=shape.tasks_per_node,
                                time=shape.time_min, array_parallelism=max(shape.array_parallelism, 1))
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        self.submitted_text = self._script(command)
-        return self.submitted_text
+        if command != self._shape.command:
+            raise SlurmError(f"submitit asks to run {command!r}, but the {self._shape.kind} script was rendered to "
+                             f"run {self._shape.command!r}: nothing submitted (is the submitit version the one "
+                             "pyproject.toml pins?)")
+        return self._script
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
         return [*without_job_environment(os.environ), "sbatch", *self._sbatch_args, str(submission_file_path)]

@@ -1,4 +1,5 @@
-"""Recipe -> sbatch text, as a pure function of the loaded recipe, the run directory and python.
+"""A job's shape -> sbatch text, as a pure function of the loaded recipe (the site's values), the job's shape
+(embodyhpc.orchestrate.plan computes it: resources, environment, command) and the run directory.
 
 The templates in sbatch_templates/ (or a site's `templates_dir`) are Jinja2 with shell
 "autoescaping": every value that reaches a script is passed through `shlex.quote` by the
@@ -11,10 +12,10 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Protocol
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
@@ -24,7 +25,6 @@ from embodyhpc.errors import ConfigError
 from embodyhpc.rundir import submitit_folder
 
 JOB_KINDS = ("train", "export", "eval", "report", "smoke")
-SMOKE_TIME_MIN = 60  # embodyhpc smoke --submit: ~17 short trainings, inductor compiles included
 SIGNAL = "USR2"  # submitit's handler listens for it (timeout and preemption)
 
 
@@ -112,77 +112,66 @@ def template_env(templates_dir: str | None) -> jinja2.Environment:
     )
 
 
-@dataclass(frozen=True)
-class JobShape:
-    """What submitit needs to know about a job besides its script."""
+class JobShape(Protocol):
+    """What the script (render_jobs) and submitit (executor.RecipeExecutor) read of a job: the plan's job shape
+    (embodyhpc.orchestrate.plan.JobShape, computed once per job), read here by its attributes."""
 
     kind: str
     nodes: int
     tasks_per_node: int
     time_min: int
-    array_size: int = 0  # 0: not an array
-    array_parallelism: int = 1
-
-
-def job_shape(loaded: LoadedRecipe, kind: str) -> JobShape:
-    cfg, res = loaded.config, loaded.resolved
-    if kind == "train":
-        return JobShape(kind, cfg.resources.nodes, res.procs_per_node, res.train_time_min)
-    if kind == "export":  # one process reads the checkpoint's model entries: an evaluation shard's resources
-        return JobShape(kind, 1, 1, res.eval_time_min)
-    if kind == "eval":
-        ev = cfg.eval
-        return JobShape(kind, 1, 1, res.eval_time_min, array_size=ev.shards,
-                        array_parallelism=min(ev.shards, ev.array_parallelism))
-    if kind == "report":
-        return JobShape(kind, 1, 1, 15)
-    if kind == "smoke":  # one process on one node; its FSDP row starts one rank per GPU itself
-        return JobShape(kind, 1, 1, SMOKE_TIME_MIN)
-    raise ValueError(f"unknown job kind {kind!r}; expected one of {JOB_KINDS}")
+    array_size: int
+    array_parallelism: int
+    cpus_per_task: int
+    mem: str
+    gpus: int
+    whole_node: bool
+    signal_delay_s: int
+    env: Mapping[str, str]
+    command: str
 
 
 def submitit_command(python: str, run_dir: Path) -> Shell:
-    """The command submitit puts into the script (see SlurmExecutor._submitit_command_str)."""
+    """The command submitit puts into the script (see SlurmExecutor._submitit_command_str). A run directory or python
+    with a control character is refused here, where both enter the job's command."""
+    for text, what, key in ((str(run_dir), "the run directory", "--run-dir"), (python, "the python", "site.python")):
+        if any(ord(c) < 32 or ord(c) == 127 for c in text):
+            raise ConfigError(f"{what} contains a newline or control character: {text!r}", key=key,
+                              fix="use a path without control characters")
     return Shell(" ".join([shlex.quote(python), "-u -m submitit.core._submit",
                            shlex.quote(str(submitit_folder(run_dir)))]))
 
 
 def log_paths(run_dir: Path, array: bool) -> tuple[str, str]:
     """stdout/stderr patterns as submitit's JobPaths writes them (%j, or %A_%a for arrays)."""
+    return _log_patterns(submitit_folder(run_dir), array)
+
+
+def _log_patterns(folder: Path, array: bool) -> tuple[str, str]:
     job = "%A_%a" if array else "%j"
-    folder = submitit_folder(run_dir)
     return f"{folder}/{job}_%t_log.out", f"{folder}/{job}_%t_log.err"
 
 
-def _sbatch_context(loaded: LoadedRecipe, shape: JobShape, run_dir: Path) -> dict[str, object]:
+def _sbatch_context(loaded: LoadedRecipe, shape: JobShape, folder: Path) -> dict[str, object]:
     cfg = loaded.config
     site = cfg.site
-    if shape.kind in ("train", "smoke"):  # the smoke job checks a training node: the same request
-        res = cfg.resources
-        cpus, mem, gpus = res.cpus_per_task, res.mem, res.gpus_per_node
-    elif shape.kind == "eval":  # one task per shard: a node-level request is the task's
-        cpus, mem, gpus = cfg.eval.cpus_per_task, cfg.eval.mem, cfg.eval.gpus_per_task
-    elif shape.kind == "export":
-        cpus, mem, gpus = cfg.eval.cpus_per_task, cfg.eval.mem, 0
-    else:
-        cpus, mem, gpus = 1, "2G", 0
-    stdout, stderr = log_paths(run_dir, array=shape.array_size > 0)
+    stdout, stderr = _log_patterns(folder, array=shape.array_size > 0)
     hours, minutes = divmod(shape.time_min, 60)
     return {
         "job_name": f"{cfg.job.name}-{shape.kind}",
         "partition": site.partition,
         "account": site.account,
         "qos": site.qos,
-        "constraint": site.constraint if shape.kind in ("train", "smoke") else None,
-        "exclusive": site.exclusive and shape.kind in ("train", "smoke"),
+        "constraint": site.constraint if shape.whole_node else None,
+        "exclusive": site.exclusive and shape.whole_node,
         "nodes": shape.nodes,
         "ntasks_per_node": shape.tasks_per_node,
-        "cpus_per_task": cpus,
-        "mem": mem,
-        "gpus": gpus if site.gpu_request != "none" else 0,
+        "cpus_per_task": shape.cpus_per_task,
+        "mem": shape.mem,
+        "gpus": shape.gpus if site.gpu_request != "none" else 0,
         "gpu_request": site.gpu_request,
         "time": f"{hours:02d}:{minutes:02d}:00",
-        "signal": f"{SIGNAL}@{cfg.resources.signal_delay_s if shape.kind == 'train' else 60}",
+        "signal": f"{SIGNAL}@{shape.signal_delay_s}",
         "array": f"0-{shape.array_size - 1}%{shape.array_parallelism}" if shape.array_size else None,
         "stdout_sbatch": stdout.replace("%t", "0"),
         "stderr_sbatch": stderr.replace("%t", "0"),
@@ -193,46 +182,43 @@ def _sbatch_context(loaded: LoadedRecipe, shape: JobShape, run_dir: Path) -> dic
     }
 
 
-def render_job(loaded: LoadedRecipe, kind: str, run_dir: Path, python: str,
-               command: str | None = None) -> str:
-    """The exact sbatch text for one job of the chain.
+def _srun_container(loaded: LoadedRecipe) -> Shell | None:
+    container = loaded.config.site.container
+    if not container.image:
+        return None
+    args = ["--container-image", container.image]
+    if container.mounts:
+        args += ["--container-mounts", ",".join(container.mounts)]
+    if container.workdir:
+        args += ["--container-workdir", container.workdir]
+    return shell_join([*args, *container.extra_args])
 
-    `command` is what submitit asks to run; when omitted it is derived the way submitit derives
-    it, so `embodyhpc render` prints byte-for-byte what `submit` hands to sbatch.
-    """
+
+def render_jobs(loaded: LoadedRecipe, shapes: Sequence[JobShape], run_dir: Path) -> list[str]:
+    """The exact sbatch text of each job: its shape (resources, environment, command: the plan's) in the site's
+    template. The plan (embodyhpc.orchestrate.plan) calls this once for all its jobs; `embodyhpc render`, the dry run
+    and both backends read the text from the plan, so what render prints is byte-for-byte what sbatch receives."""
     cfg = loaded.config
-    shape = job_shape(loaded, kind)
-    container = cfg.site.container
-    srun_container: list[str] = []
-    if container.image:
-        srun_container += ["--container-image", container.image]
-        if container.mounts:
-            srun_container += ["--container-mounts", ",".join(container.mounts)]
-        if container.workdir:
-            srun_container += ["--container-workdir", container.workdir]
-        srun_container += list(container.extra_args)
-    env = {"EMBODYHPC_RUN_DIR": str(run_dir), "EMBODYHPC_JOB_KIND": kind, **dict(cfg.site.env)}
-    if kind in ("train", "smoke"):
-        env.update(cfg.network.environment())
-    context = {
-        "sbatch": _sbatch_context(loaded, shape, run_dir),
-        "modules": list(cfg.site.modules),
-        "env": env,
-        "run_dir": str(run_dir),
-        "srun_container": shell_join(srun_container) if srun_container else None,
-        "command": Shell(command) if command is not None else submitit_command(python, run_dir),
-        "kind": kind,
-        "recipe": loaded.recipe,
-    }
-    for what, text in (("the run directory", str(run_dir)), ("the python", python)):
-        if any(ord(c) < 32 or ord(c) == 127 for c in text):
-            key = "--run-dir" if what == "the run directory" else "site.python"
-            raise ConfigError(f"{what} contains a newline or control character: {text!r}", key=key,
-                              fix="use a path without control characters")
-    custom = bool(cfg.site.templates_dir)
-    name = f"{kind}.sbatch.j2"
+    env, folder, container = template_env(cfg.site.templates_dir), submitit_folder(run_dir), _srun_container(loaded)
+    scripts = []
+    for shape in shapes:
+        context = {
+            "sbatch": _sbatch_context(loaded, shape, folder),
+            "modules": list(cfg.site.modules),
+            "env": dict(shape.env),
+            "run_dir": str(run_dir),
+            "srun_container": container,
+            "command": Shell(shape.command),
+            "kind": shape.kind,
+            "recipe": loaded.recipe,
+        }
+        scripts.append(_render(env, f"{shape.kind}.sbatch.j2", context, custom=bool(cfg.site.templates_dir)))
+    return scripts
+
+
+def _render(env: jinja2.Environment, name: str, context: dict[str, object], *, custom: bool) -> str:
     try:
-        return template_env(cfg.site.templates_dir).get_template(name).render(context)
+        return env.get_template(name).render(context)
     except (SecurityError, OverflowError) as exc:  # OverflowError: the sandbox's cap on range()
         raise ConfigError(f"template {name} tried something a sandboxed template may not: {exc}",
                           key="site.templates_dir" if custom else None,

@@ -50,7 +50,7 @@ from typing import Any
 
 import xxhash
 
-from embodyhpc.rundir import write_json_atomic
+from embodyhpc.atomic import write_json_atomic
 from embodyhpc.staging.errors import StagingError
 
 CONTROL_PREFIX = ".embodyhpc-stage"

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from embodyhpc.rundir import write_json_atomic
+from embodyhpc.atomic import write_json_atomic
 from embodyhpc.staging.errors import NodeStagingError, StageInputError
 from embodyhpc.staging.manifest import CONTROL_PREFIX
 from embodyhpc.staging.stage import StageResult, stage

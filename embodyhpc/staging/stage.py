@@ -398,12 +398,12 @@ class _StageRun:
 
 
 def on_local_filesystem(path: str) -> bool:
-    """`path` is on a filesystem whose opens and reads never wait on a server (embodyhpc.hw.storage's "local" kind).
+    """`path` is on a filesystem whose opens and reads never wait on a server (embodyhpc.mounts' "local" kind).
 
     A network filesystem can answer stats from its client's attribute cache yet still send every open to a metadata
     server (NFS close-to-open, Lustre), so fast stats alone do not make a source local. An unknown mount is not local.
     """
-    from embodyhpc.hw.storage import mount_for, read_mounts  # ~70 ms of imports: paid only when there is a copy
+    from embodyhpc.mounts import mount_for, read_mounts
 
     try:
         mount = mount_for(path, read_mounts())

@@ -1,8 +1,8 @@
 """The FSDP2 training loop for any model plug-in (models/spec.py, models/protocol.py), run by every rank.
 
-    result = train(data=cfg.data, model_cfg=cfg.model, precision=cfg.precision, parallelism=cfg.parallelism,
-                   train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=run_dir,
-                   dist_env=dist_env, device=torch.device("cuda", dist_env.local_rank), config_yaml=text)
+    result = train(cfg, resolve(cfg), run_dir=run_dir, dist_env=dist_env, device="cuda", config_yaml=text)
+
+A TrainRun holds the run's state (set-up, the step, the hooks after it, the final save); `train` drives it.
 
 The process group must exist (launch/distributed creates it); the loop only uses it.
 
@@ -35,12 +35,13 @@ collectives; the DataLoader workers end with the loop however it ends (data/load
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -52,24 +53,18 @@ from torch.distributed.tensor import DTensor
 from embodyhpc.checkpoint import Checkpointer
 from embodyhpc.checkpoint.sliced_weights import load_init_weights
 from embodyhpc.config.resolve import Resolved
-from embodyhpc.config.schema import (
-    CheckpointConfig,
-    DataConfig,
-    ModelConfig,
-    ParallelismConfig,
-    PrecisionConfig,
-    TrainConfig,
-)
+from embodyhpc.config.schema import Config, DataConfig, ModelConfig, PrecisionConfig, TrainConfig
 from embodyhpc.data import open_dataset
 from embodyhpc.data.loader import build_dataloader
 from embodyhpc.data.normalize import StateNormalizer
 from embodyhpc.errors import ConfigError
-from embodyhpc.launch.distributed import rank_device
 from embodyhpc.models import build_model, build_tokenizer, model_spec
 from embodyhpc.models.fp8 import FP8GemmCounter, fp8_autocast
+from embodyhpc.models.spec import ModelSpec
 from embodyhpc.parallel import build_mesh, materialize, parallelize
+from embodyhpc.parallel.device import rank_device
 from embodyhpc.rundir import CHECKPOINTS_DIR, EXPORT_DIR, METRICS_FILE
-from embodyhpc.train.metrics import ConsoleMetricsSink, JsonlMetricsSink, MetricsSink
+from embodyhpc.train.metrics import ConsoleMetricsSink, JsonlMetricsSink, MetricsSink, logs_at
 from embodyhpc.train.optim import build_optimizer
 from embodyhpc.train.preempt import StopSignal, cpu_group
 from embodyhpc.train.schedule import warmup_cosine
@@ -98,137 +93,247 @@ class TrainResult:
     `final_step` is then the step saved (blocking) before returning. None when it trained to train.steps."""
 
 
-def train(*, data: DataConfig, model_cfg: ModelConfig, precision: PrecisionConfig, parallelism: ParallelismConfig,
-          train_cfg: TrainConfig, checkpoint: CheckpointConfig, resolved: Resolved, run_dir: str | Path,
-          dist_env: RankInfo, device: torch.device | str, config_yaml: str = "",
-          sinks: Sequence[MetricsSink] | None = None, stop: StopSignal | None = None,
+def train(config: Config, resolved: Resolved, *, run_dir: str | Path, dist_env: RankInfo, device: torch.device | str,
+          config_yaml: str = "", sinks: Sequence[MetricsSink] | None = None, stop: StopSignal | None = None,
           extra_sinks: Sequence[MetricsSink] = (),
           on_checkpoint: Callable[[int, Path], None] | None = None) -> TrainResult:
-    """Train to train_cfg.steps, resuming from the newest complete checkpoint under run_dir/checkpoints.
+    """Train to config.train.steps, resuming from the newest complete checkpoint under run_dir/checkpoints.
 
+    `resolved`: resolve(config) as the launcher computed it (the loop does not resolve the recipe again).
     `sinks` receive rank 0's metrics (default: run_dir/logs/metrics.jsonl and the console); other ranks ignore it.
     `extra_sinks` are added to those on rank 0 (the launcher's MLflow sink).
     `config_yaml` is the resolved recipe written next to the exported weights.
     `stop`: the launcher's installed StopSignal; without one the loop installs its own for its duration.
     `on_checkpoint(step, folder)`: rank 0, after each checkpoint is complete (Checkpointer's on_complete).
     """
-    run_dir = Path(run_dir)
-    device = rank_device(device, dist_env.local_rank)  # current before anything below allocates on it
-    _check_world(resolved, dist_env)
-    rank, is_rank0 = dist_env.rank, dist_env.rank == 0
-    accum = resolved.grad_accum_steps
-
-    spec = model_spec(model_cfg.name)
-    mesh = build_mesh(resolved.dp_replicate, resolved.dp_shard, device.type, procs_per_node=resolved.procs_per_node)
-    with torch.device("meta"):
-        model = build_model(model_cfg, precision)
-    parallelize(model, parallelism, precision, mesh)
-    materialize(model, device, seed=train_cfg.seed)  # the same full initial weights on any world size
-    model.train()
-    fp8_gemms = FP8GemmCounter(model, device)  # no layers (and nothing logged) unless precision.mode=fp8
-    amax_group = dist.group.WORLD if dist.get_world_size() > 1 else None
-    optimizer = build_optimizer(model, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
-    _seed_rank_streams(train_cfg.seed + rank)
-
-    # statistics and tokenizer: the run's own (resume), the recipe's, or what model.init_weights carries
-    model_cfg, normalizer, tokenizer_source = _policy_inputs(model_cfg, data.root, run_dir / CHECKPOINTS_DIR, is_rank0)
-    loader, sampler = build_dataloader(
-        _open(data, model_cfg), data, micro_batch_size=train_cfg.micro_batch_size, rank=rank,
-        world_size=dist_env.world_size, seed=train_cfg.seed, device_type=device.type,
-        collate_fn=spec.load("collate")(model_cfg, build_tokenizer(model_cfg), normalizer))
-    count_tokens = spec.load("token_count")
-    token_budget = spec.load("token_budget") if spec.token_budget is not None else lambda batch, cfg: 0
-    stream = BatchStream(loader, sampler)
-
-    ckpt = Checkpointer(run_dir / CHECKPOINTS_DIR, checkpoint, seed=train_cfg.seed, device=device,
-                        on_complete=on_checkpoint)
-    policy_files = None  # beside the checkpoints: how to feed the policy, for exports of any step (final or not)
-    if is_rank0:
-        policy_files = write_policy_io(run_dir / CHECKPOINTS_DIR, data.root, model_cfg, normalizer, tokenizer_source)
-    loaded = ckpt.load_latest(model, optimizer)
-    start_step = 0
-    if loaded is not None:
-        start_step = loaded.step
-        if loaded.trainer.sampler is not None:
-            sampler.load_state_dict(loaded.trainer.sampler)
-    elif model_cfg.init_weights:  # a fresh run fine-tunes from these (each rank reads its shard's slices)
-        report = load_init_weights(model, model_cfg.init_weights,
-                                   spec.load("weights") if spec.weights is not None else None)
-        if is_rank0:
-            print(f"init weights: {report.summary()}", flush=True)
-    scheduler = _scheduler(optimizer, train_cfg, start_step)
-
-    if not is_rank0:
-        sinks = []
-    elif sinks is None:
-        sinks = [JsonlMetricsSink(run_dir / METRICS_FILE, resume_step=start_step), ConsoleMetricsSink()]
-    if is_rank0:
-        sinks = [*sinks, *extra_sinks]
-    last_metrics: dict[str, float] = {}
-    step = start_step
-    steps_since_log = 0
-    stopped_by: str | None = None
-    stop_group = cpu_group()
-    stream.group = stop_group  # a failed micro-batch on any rank fails it on every rank (stream.py)
+    run = TrainRun(config, resolved, run_dir, dist_env, device, sinks=sinks, extra_sinks=extra_sinks,
+                   on_checkpoint=on_checkpoint)
     with contextlib.ExitStack() as cleanup:
+        run.loop(run.close_on_exit(cleanup, stop))
+        export_path = run.finish(config_yaml)
+    dist.barrier()  # FACTS: gloo ranks may abort at teardown without one
+    return TrainResult(run.start_step, run.step, run.last_metrics, export_path, run.stopped_by)
+
+
+@dataclass
+class StepStats:
+    """What one optimizer step measured on this rank; its metrics reduce these over ranks at log steps."""
+
+    lr: float  # the rate this step's update used
+    loss_sum: torch.Tensor  # the micro-batches' losses, unscaled
+    wait_s: float = 0.0  # waiting for micro-batches
+    num_tokens: int = 0
+    budget_tokens: int = 0  # the token budget of packed micro-batches (0 when the collate does not pack)
+    grad_norm: float = 0.0
+    step_time_s: float = 0.0
+
+
+class TrainRun:
+    """One rank's training run from set-up to teardown, as torchtitan's Trainer holds its state: what set-up builds
+    once (the constructor, in the module docstring's order) and the progress the loop advances."""
+
+    config: Config
+    """The recipe; its model names the tokenizer file this run reads (_policy_inputs), so all built from it agree."""
+    resolved: Resolved
+    run_dir: Path
+    dist_env: RankInfo
+    device: torch.device
+    is_rank0: bool
+    spec: ModelSpec
+    model: nn.Module
+    fp8_gemms: FP8GemmCounter
+    amax_group: dist.ProcessGroup | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    loader: Any
+    sampler: Any
+    stream: BatchStream
+    count_tokens: Callable[[Any, ModelConfig], int]
+    token_budget: Callable[[Any, ModelConfig], int]
+    ckpt: Checkpointer
+    policy_files: dict[str, Path | None] | None  # rank 0's, beside the checkpoints: for exports of any step
+    sinks: list[MetricsSink]
+    stop_group: dist.ProcessGroup
+    start_step: int  # the step the run resumed from (0 on a fresh run)
+    step: int  # the last step trained (start_step before the first)
+    last_metrics: dict[str, float]
+    steps_since_log: int
+    stopped_by: str | None
+
+    def __init__(self, config: Config, resolved: Resolved, run_dir: str | Path, dist_env: RankInfo,
+                 device: torch.device | str, *, sinks: Sequence[MetricsSink] | None = None,
+                 extra_sinks: Sequence[MetricsSink] = (),
+                 on_checkpoint: Callable[[int, Path], None] | None = None) -> None:
+        self.resolved, self.run_dir, self.dist_env = resolved, Path(run_dir), dist_env
+        self.device = rank_device(device, dist_env.local_rank)  # current before anything below allocates on it
+        _check_world(self.resolved, dist_env)
+        self.is_rank0 = dist_env.rank == 0
+        self.spec = model_spec(config.model.name)
+        self._build_model(config)
+        _seed_rank_streams(config.train.seed + dist_env.rank)
+        # statistics and tokenizer: the run's own (resume), the recipe's, or what model.init_weights carries
+        model_cfg, normalizer, tokenizer_source = _policy_inputs(config.model, config.data.root,
+                                                                 self.run_dir / CHECKPOINTS_DIR, self.is_rank0)
+        self.config = dataclasses.replace(config, model=model_cfg)
+        self._build_data(normalizer)
+        self.ckpt = Checkpointer(self.run_dir / CHECKPOINTS_DIR, config.checkpoint, seed=config.train.seed,
+                                 device=self.device, on_complete=on_checkpoint)
+        self.policy_files = write_policy_io(self.run_dir / CHECKPOINTS_DIR, config.data.root, model_cfg, normalizer,
+                                            tokenizer_source) if self.is_rank0 else None
+        self.start_step = self._restore()
+        self.scheduler = _scheduler(self.optimizer, config.train, self.start_step)
+        self.sinks = self._rank0_sinks(sinks, extra_sinks)
+        self.stop_group = cpu_group()
+        self.stream.group = self.stop_group  # a failed micro-batch on any rank fails it on every rank (stream.py)
+        self.step, self.last_metrics, self.steps_since_log, self.stopped_by = self.start_step, {}, 0, None
+
+    # ---- set-up ----
+    def _build_model(self, config: Config) -> None:
+        """On meta, parallelized (AC, compile, FSDP2), materialized seeded with train.seed only (the same full initial
+        weights on any world size); then AdamW."""
+        resolved, device = self.resolved, self.device
+        mesh = build_mesh(resolved.dp_replicate, resolved.dp_shard, device.type, procs_per_node=resolved.procs_per_node)
+        with torch.device("meta"):
+            self.model = build_model(config.model, config.precision)
+        parallelize(self.model, config.parallelism, config.precision, mesh)
+        materialize(self.model, device, seed=config.train.seed)
+        self.model.train()
+        self.fp8_gemms = FP8GemmCounter(self.model, device)  # no layers (and nothing logged) unless precision.mode=fp8
+        self.amax_group = dist.group.WORLD if dist.get_world_size() > 1 else None
+        self.optimizer = build_optimizer(self.model, lr=config.train.lr, weight_decay=config.train.weight_decay)
+
+    def _build_data(self, normalizer: StateNormalizer) -> None:
+        """This rank's share of the dataset, batched by the model's collate, and what the metrics count of a batch."""
+        config, spec = self.config, self.spec
+        self.loader, self.sampler = build_dataloader(
+            _open(config.data, config.model), config.data, micro_batch_size=config.train.micro_batch_size,
+            rank=self.dist_env.rank, world_size=self.dist_env.world_size, seed=config.train.seed,
+            device_type=self.device.type,
+            collate_fn=spec.load("collate")(config.model, build_tokenizer(config.model), normalizer))
+        self.count_tokens = spec.load("token_count")
+        self.token_budget = spec.load("token_budget") if spec.token_budget is not None else lambda batch, cfg: 0
+        self.stream = BatchStream(self.loader, self.sampler)
+
+    def _restore(self) -> int:
+        """The step to go on from: the newest complete checkpoint's (model, optimizer, RNG streams, sampler), or 0; a
+        fresh run fine-tunes from model.init_weights when set (each rank reads its shard's slices)."""
+        loaded = self.ckpt.load_latest(self.model, self.optimizer)
+        if loaded is not None:
+            if loaded.trainer.sampler is not None:
+                self.sampler.load_state_dict(loaded.trainer.sampler)
+            return loaded.step
+        if self.config.model.init_weights:
+            report = load_init_weights(self.model, self.config.model.init_weights,
+                                       self.spec.load("weights") if self.spec.weights is not None else None)
+            if self.is_rank0:
+                print(f"init weights: {report.summary()}", flush=True)
+        return 0
+
+    def _rank0_sinks(self, sinks: Sequence[MetricsSink] | None,
+                     extra_sinks: Sequence[MetricsSink]) -> list[MetricsSink]:
+        """Rank 0's: `sinks` (default: logs/metrics.jsonl from the start step on, and the console) and `extra_sinks`;
+        no other rank writes metrics."""
+        if not self.is_rank0:
+            return []
+        if sinks is None:
+            sinks = [JsonlMetricsSink(self.run_dir / METRICS_FILE, resume_step=self.start_step), ConsoleMetricsSink()]
+        return [*sinks, *extra_sinks]
+
+    def close_on_exit(self, cleanup: contextlib.ExitStack, stop: StopSignal | None) -> StopSignal:
+        """Teardown, entered into `cleanup` (which runs it last to first): the data workers end first, however the loop
+        ends (loader.py), then the sinks, then the checkpointer (a job must not exit under an async save in flight),
+        then the loop's own StopSignal, installed here when the launcher gave none. Returns the StopSignal to ask."""
         if stop is None:
             stop = cleanup.enter_context(StopSignal())
-        cleanup.callback(ckpt.close)  # a job must not exit under an async save in flight
-        for sink in sinks:
+        cleanup.callback(self.ckpt.close)
+        for sink in self.sinks:
             cleanup.callback(sink.close)
-        cleanup.callback(stream.close)  # first: the data workers end with the loop, however it ends (loader.py)
-        for step in range(start_step + 1, train_cfg.steps + 1):
-            started = time.perf_counter()
-            lr = float(optimizer.param_groups[0]["lr"])  # the rate this step's update uses
-            loss_sum = torch.zeros((), device=device)
-            num_tokens, budget_tokens, wait_s = 0, 0, 0.0
-            for micro in range(accum):
-                _set_gradient_sync(model, micro == accum - 1)
-                waited = time.perf_counter()
-                batch = stream.next_batch()
-                wait_s += time.perf_counter() - waited
-                loss_sum += micro_batch_step(model, batch.to(device), precision, amax_group=amax_group,
-                                             loss_scale=1.0 / accum)
-                num_tokens += count_tokens(batch, model_cfg)
-                budget_tokens += token_budget(batch, model_cfg)
-            grad_norm = _clip_grad_norm(model.parameters(), train_cfg.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            stream.commit()
-            step_time_s = time.perf_counter() - started
+        cleanup.callback(self.stream.close)
+        return stop
 
-            steps_since_log += 1
-            if step % train_cfg.log_every == 0 or step == train_cfg.steps:
-                last_metrics = _reduced_metrics(loss_sum / accum, grad_norm, lr, step_time_s, wait_s, num_tokens,
-                                                budget_tokens, train_cfg.micro_batch_size * accum,
-                                                dist_env.world_size, device,
-                                                skipped_samples=loader.skipped_samples
-                                                if data.on_bad_sample == "skip" else None)
-                last_metrics.update(_fp8_metrics(fp8_gemms, steps_since_log))
-                steps_since_log = 0
-                for sink in sinks:
-                    sink.write(step, last_metrics)
-            if step == train_cfg.steps:
-                break  # done: a signal now changes nothing, the final save below follows anyway
-            stopped_by = stop.agreed(stop_group)  # every rank, every step (see preempt.py)
-            if stopped_by is not None:
-                if is_rank0:
-                    print(f"step {step}: {stopped_by} received, saving and stopping (preemption or time limit)",
-                          flush=True)
+    # ---- the loop ----
+    def loop(self, stop: StopSignal) -> None:
+        """Steps start_step + 1 .. train.steps, each followed by its hooks: metrics, the stop agreement, a periodic
+        save. Leaves `step` at the last step trained and `stopped_by` set when a stop ended it early."""
+        for step in range(self.start_step + 1, self.config.train.steps + 1):
+            self.step = step
+            stats = self.train_step()
+            self.log_metrics(step, stats)
+            if self.ends_at(step, stop):
                 break
-            if ckpt.due(step):
-                ckpt.save(step, model, optimizer, sampler_state=sampler.state_dict(), extra={"lr": lr})
-        final_step = max(step, start_step)
-        # blocking: the job may be requeued or killed right after this returns, and the checkpoint must be complete
-        ckpt.save(final_step, model, optimizer, sampler_state=sampler.state_dict(), blocking=True)
-        export_path = None
-        if checkpoint.export_final and stopped_by is None:
-            # with what evaluation needs to feed the policy as in training, hashed into export.json
-            export_path = ckpt.export(run_dir / EXPORT_DIR, config_yaml=config_yaml, step=final_step,
-                                      side_files=policy_files)
-    dist.barrier()  # FACTS: gloo ranks may abort at teardown without one
-    return TrainResult(start_step, final_step, last_metrics, export_path, stopped_by)
+            self.save_if_due(step, stats.lr)
+
+    def train_step(self) -> StepStats:
+        """One optimizer step: resolved.grad_accum_steps micro-batches, clip, optimizer and scheduler step, sampler
+        accounting."""
+        started = time.perf_counter()
+        accum = self.resolved.grad_accum_steps
+        stats = StepStats(lr=float(self.optimizer.param_groups[0]["lr"]), loss_sum=torch.zeros((), device=self.device))
+        for micro in range(accum):
+            self._micro_batch(stats, last=micro == accum - 1, loss_scale=1.0 / accum)
+        stats.grad_norm = _clip_grad_norm(self.model.parameters(), self.config.train.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.stream.commit()
+        stats.step_time_s = time.perf_counter() - started
+        return stats
+
+    def _micro_batch(self, stats: StepStats, *, last: bool, loss_scale: float) -> None:
+        """Fetch, forward and backward one micro-batch; FSDP2 reduce-scatters gradients only on the `last`."""
+        _set_gradient_sync(self.model, last)
+        waited = time.perf_counter()
+        batch = self.stream.next_batch()
+        stats.wait_s += time.perf_counter() - waited
+        stats.loss_sum += micro_batch_step(self.model, batch.to(self.device), self.config.precision,
+                                           amax_group=self.amax_group, loss_scale=loss_scale)
+        stats.num_tokens += self.count_tokens(batch, self.config.model)
+        stats.budget_tokens += self.token_budget(batch, self.config.model)
+
+    # ---- hooks after a step ----
+    def log_metrics(self, step: int, stats: StepStats) -> None:
+        """At log steps (every train.log_every, and the last): the metrics reduced over ranks (every rank), written to
+        the sinks (rank 0's)."""
+        self.steps_since_log += 1
+        train_cfg, accum = self.config.train, self.resolved.grad_accum_steps
+        if not logs_at(step, train_cfg.log_every, train_cfg.steps):
+            return
+        skipped = self.loader.skipped_samples if self.config.data.on_bad_sample == "skip" else None
+        self.last_metrics = _reduced_metrics(stats.loss_sum / accum, stats.grad_norm, stats.lr, stats.step_time_s,
+                                             stats.wait_s, stats.num_tokens, stats.budget_tokens,
+                                             train_cfg.micro_batch_size * accum, self.dist_env.world_size,
+                                             self.device, skipped_samples=skipped)
+        self.last_metrics.update(_fp8_metrics(self.fp8_gemms, self.steps_since_log))
+        self.steps_since_log = 0
+        for sink in self.sinks:
+            sink.write(step, self.last_metrics)
+
+    def ends_at(self, step: int, stop: StopSignal) -> bool:
+        """Whether the loop ends after `step`: the last step (a signal now changes nothing, the final save follows
+        anyway), or a stop all ranks agreed on (every rank asks, every step: preempt.py), then in `stopped_by`."""
+        if step == self.config.train.steps:
+            return True
+        self.stopped_by = stop.agreed(self.stop_group)
+        if self.stopped_by is not None and self.is_rank0:
+            print(f"step {step}: {self.stopped_by} received, saving and stopping (preemption or time limit)",
+                  flush=True)
+        return self.stopped_by is not None
+
+    def save_if_due(self, step: int, lr: float) -> None:
+        """A periodic (async) checkpoint when checkpoint.every_steps says one is due."""
+        if self.ckpt.due(step):
+            self.ckpt.save(step, self.model, self.optimizer, sampler_state=self.sampler.state_dict(), extra={"lr": lr})
+
+    # ---- the end ----
+    def finish(self, config_yaml: str) -> Path | None:
+        """The last step's checkpoint, blocking (the job may be requeued or killed right after this returns, and the
+        checkpoint must be complete); then, unless a stop ended the run early, the export (with what evaluation needs
+        to feed the policy as in training, hashed into export.json)."""
+        self.ckpt.save(self.step, self.model, self.optimizer, sampler_state=self.sampler.state_dict(), blocking=True)
+        if not self.config.checkpoint.export_final or self.stopped_by is not None:
+            return None
+        return self.ckpt.export(self.run_dir / EXPORT_DIR, config_yaml=config_yaml, step=self.step,
+                                side_files=self.policy_files)
 
 
 # ---- set-up helpers ----
@@ -263,8 +368,6 @@ def _policy_inputs(model_cfg: ModelConfig, data_root: str | None, run_checkpoint
     """The state normaliser and the tokenizer file this run feeds the policy with (models/checkpoint_assets.py:
     the run's own on resume, the recipe's override, what model.init_weights carries, the dataset's); model_cfg
     names the tokenizer file from then on, so everything built from it reads the same one."""
-    import dataclasses
-
     from embodyhpc.models.checkpoint_assets import fit_warning, resolve_normalizer, resolve_tokenizer
 
     normalizer, stats_from = resolve_normalizer(model_cfg, data_root, run_checkpoints=run_checkpoints)
@@ -370,10 +473,11 @@ def write_policy_io(export_dir: Path, data_root: str, model_cfg: ModelConfig, no
     dataset's cameras, image size, state key and real action dims) and a copy of the tokenizer file training read, if
     any, so an evaluation (and a resumed run) feeds the policy as training did. Returns {file name: path, or None for
     a tokenizer name it has no file of}: the side files an export of these weights copies and hashes."""
+    from embodyhpc.atomic import replace_atomically, write_json_atomic
     from embodyhpc.data.info import dataset_info
     from embodyhpc.data.normalize import NORM_FILE
     from embodyhpc.models.checkpoint_assets import TOKENIZER_FILES, tokenizer_copy_name
-    from embodyhpc.rundir import POLICY_IO_FILE, replace_atomically, write_json_atomic
+    from embodyhpc.rundir import POLICY_IO_FILE
 
     written: dict[str, Path | None] = dict.fromkeys(TOKENIZER_FILES)
     if tokenizer_file is not None:

@@ -20,6 +20,12 @@ budget of the micro-batches), logged when the collate packs samples into rows; `
 skipped so far, all ranks), logged with data.on_bad_sample=skip."""
 
 
+def logs_at(step: int, log_every: int, last_step: int) -> bool:
+    """Whether optimizer step `step` (1-based) logs its metrics: every `log_every` steps (train.log_every), and the
+    run's last step whatever it is."""
+    return step % log_every == 0 or step == last_step
+
+
 class MetricsSink(Protocol):
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         """Record the metrics of optimizer step `step` (1-based)."""

@@ -285,7 +285,7 @@ def _rank_main(rank: int, path: SmokePath, steps: int, size: str, model: str, fo
     import torch
     import torch.distributed as dist
 
-    from embodyhpc.launch.distributed import set_flight_recorder_size
+    from embodyhpc.parallel.flight_recorder import set_flight_recorder_size
 
     device = torch.device("cuda", rank) if path.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":

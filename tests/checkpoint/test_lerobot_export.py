@@ -1,5 +1,6 @@
 """`embodyhpc export --format lerobot`: an export in LeRobot's pi0.5 policy layout (config.json + model.safetensors),
-read back through our published-weights adapter."""
+read back through our published-weights adapter; the layout is the family's (its spec's lerobot_export), and a family
+without one is refused."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from embodyhpc.config.load import load_recipe
 from embodyhpc.models import build_model
 from embodyhpc.models.pi05.weights import load_pi05_weights
+from embodyhpc.validation import load_recipe
 from tests.exports import make_export
 
 RECIPE = "recipes/demo_metaworld_cpu.yaml"
@@ -97,3 +98,31 @@ def test_the_lerobot_folder_carries_the_statistics_and_tokenizer_back_into_init_
     again, _ = resolve_normalizer(ModelConfig(state_norm="quantile", init_weights=str(out)), None)
     assert again.offset == pytest.approx(trained.offset) and again.scale == pytest.approx(trained.scale)
     assert resolve_tokenizer(ModelConfig(init_weights=str(out)))[0] == str(out / "tokenizer.model")
+
+
+def test_the_writer_is_the_family_specs_and_a_family_without_one_is_refused():
+    from embodyhpc.checkpoint.lerobot_export import lerobot_writer
+    from embodyhpc.errors import UserError
+    from embodyhpc.models.pi05.lerobot import write
+
+    assert lerobot_writer("pi05", "/runs/r/export") is write
+    with pytest.raises(UserError) as caught:
+        lerobot_writer("groot", "/runs/r/export")
+    message = str(caught.value)
+    assert message.startswith("model.name: /runs/r/export holds a groot model, and the groot spec declares no LeRobot "
+                              "exporter (fix: export a model of a family that has one (pi05), or give the groot spec "
+                              "a lerobot_export") and "\n" not in message
+
+
+@pytest.mark.slow  # a GR00T export through the command line (~2 s); the refusal itself: the test above
+def test_a_family_without_a_lerobot_exporter_is_refused_in_one_line(cli, tmp_path):
+    """GR00T's spec declares no LeRobot exporter: its export is refused naming the family, the spec field and the
+    families that have one, before anything is written (not pi0.5's writer applied to GR00T's tensors)."""
+    loaded = load_recipe("recipes/demo_groot_metaworld_cpu.yaml", [f"data.root={tmp_path}"])
+    torch.manual_seed(0)
+    source = make_export(tmp_path / "groot", build_model(loaded.config.model), config_yaml=loaded.to_yaml())
+    result = cli("export", str(source), "--out", str(tmp_path / "lerobot"))
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
+    assert "holds a groot model, and the groot spec declares no LeRobot exporter" in result.err
+    assert "model.name" in result.err and "(pi05)" in result.err and "lerobot_export" in result.err
+    assert not (tmp_path / "lerobot").exists()

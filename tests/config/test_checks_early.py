@@ -64,7 +64,7 @@ def test_unknown_task_in_a_recipe_file_names_the_file(cli, tmp_path):
 
 
 def test_validate_checks_tasks_without_importing_a_simulator():
-    code = ("import sys; from embodyhpc.config.load import load_recipe\n"
+    code = ("import sys; from embodyhpc.validation import load_recipe\n"
             "try:\n    load_recipe('smoke_cpu', ['eval.tasks=[reach-v9]'])\nexcept Exception as e:\n    print(e)\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('metaworld', 'mujoco', 'gym_pusht', 'torch')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
@@ -93,7 +93,7 @@ def test_hub_id_as_data_root_is_an_error(cli, tmp_path, monkeypatch, hub_id):
                      "hub id")
 
 
-# smoke_cpu's model.action_horizon is 10: a policy recipe asks for a chunk of 10 actions (config/data_checks.py)
+# smoke_cpu's model.action_horizon is 10: a policy recipe asks for a chunk of 10 actions (validation/data_checks.py)
 CHUNK10 = "data.delta_timestamps={action: [" + ", ".join(str(i / 10) for i in range(10)) + "]}"
 
 
@@ -101,7 +101,7 @@ def test_a_local_folder_named_like_a_hub_id_is_fine(cli, tmp_path, monkeypatch):
     import shutil
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "lerobot").mkdir()  # a dataset validate can read (config/data_checks.py checks it against the recipe)
+    (tmp_path / "lerobot").mkdir()  # a dataset validate can read (validation/data_checks.py checks the recipe)
     shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "fixtures" / "lerobot_v30_sample",
                     tmp_path / "lerobot" / "pusht")
     result = cli("validate", DEMO, "data.format=lerobot", "data.root=lerobot/pusht", CHUNK10)
@@ -178,9 +178,9 @@ def test_dry_run_makes_the_nccl_environment_check_of_submit(cli, monkeypatch, ru
 
 def test_evaluating_existing_weights_does_not_need_the_dataset(tmp_path):
     """`embodyhpc eval --ckpt` reads no dataset: a training set deleted since is no reason to refuse it."""
-    from embodyhpc.config.load import load_recipe
     from embodyhpc.errors import ConfigError
     from embodyhpc.submit import preflight
+    from embodyhpc.validation import load_recipe
 
     loaded = load_recipe(DEMO, ["data.format=lerobot", f"data.root={tmp_path}/gone", f"eval.weights={tmp_path}"])
     assert preflight(loaded, "/usr/bin/python3", submitting=True, eval_only=True) == []

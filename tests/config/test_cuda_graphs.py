@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from embodyhpc.config.load import load_recipe, shipped_recipes
+from embodyhpc.config.load import shipped_recipes
 from embodyhpc.config.schema import ParallelismConfig, PrecisionConfig
 from embodyhpc.errors import ConfigError
 from embodyhpc.models import build_model
 from embodyhpc.parallel import make_plan
+from embodyhpc.validation import load_recipe
 from tests.parallel.workers import MODEL
 
 NEEDS = ["data.root=/data/set", "site.account=robotics", "model.tokenizer_path=/models/paligemma/tokenizer.model"]

@@ -1,4 +1,4 @@
-"""What a DataLoader worker would refuse hours into a job, refused at validate (config/data_checks.py and the models'
+"""What a DataLoader worker would refuse hours into a job, refused at validate (validation/data_checks.py, the models'
 check_dataset): the action chunk against model.action_horizon, the dataset's features, fps and episode lengths; the
 prompt budget against the state, the cameras and the longest task; the warm-up against train.steps; a dataset whose
 metadata cannot be read. Each refusal is one line with the key, the layer and the fix (exit 2); what would only be

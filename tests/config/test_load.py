@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from embodyhpc.config.load import load_recipe, shipped_recipes, shipped_sites
+from embodyhpc.config.load import shipped_recipes, shipped_sites
 from embodyhpc.errors import ConfigError
+from embodyhpc.validation import load_recipe
 
 TOK = "model.tokenizer_path=/models/paligemma/tokenizer.model"
 NEEDS = ["data.root=/data/set", "site.account=robotics", TOK]
@@ -106,7 +107,7 @@ def test_config_is_frozen():
 
 
 def test_resolved_yaml_round_trips(tmp_path):
-    from embodyhpc.config.load import load_resolved
+    from embodyhpc.validation import load_resolved
 
     loaded = load_recipe("pi05_fp8", [*NEEDS], site="example_ib")
     (tmp_path / "resolved.yaml").write_text(loaded.to_yaml())

@@ -184,8 +184,9 @@ def test_the_layer_that_broke_it_is_named(cli, tmp_path, extra, overrides, key, 
 def test_resume_blames_its_override_not_the_runs_resolved_yaml(tmp_path, overrides, key, where):
     """resume loads the run's resolved.yaml as the recipe (site keys kept), then the overrides: what it refuses is
     the override's doing."""
-    from embodyhpc.config.load import load_recipe, load_unresolved, resolve_located
+    from embodyhpc.config.load import resolve_located
     from embodyhpc.errors import ConfigError
+    from embodyhpc.validation import load_recipe, load_unresolved
 
     resolved = tmp_path / "resolved.yaml"
     resolved.write_text(load_recipe(DEMO).to_yaml())

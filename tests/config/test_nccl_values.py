@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from embodyhpc.config import nccl_values
-from embodyhpc.config.load import load_recipe
 from embodyhpc.config.network import NetworkConfig
 from embodyhpc.config.schema import SiteConfig
 from embodyhpc.errors import ConfigError
+from embodyhpc.validation import load_recipe
 
 DEMO = "smoke_cpu"
 

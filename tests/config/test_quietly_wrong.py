@@ -256,7 +256,7 @@ def test_ambiguous_integers_in_a_file_are_refused_the_same_way(cli, tmp_path, se
 
 def test_text_fields_keep_numbers_as_written(cli, tmp_path):
     """YAML 1.1 turned `account: 010` into "8" and `OMP_NUM_THREADS: 010` into 8: now the text is what was written."""
-    from embodyhpc.config.load import load_recipe
+    from embodyhpc.validation import load_recipe
 
     path = tmp_path / "recipe.yaml"
     path.write_text(f"base: {DEMO}\njob:\n  name: '010'\nsite:\n  account: 010\n  qos: 0x10\n"
@@ -271,7 +271,7 @@ def test_text_fields_keep_numbers_as_written(cli, tmp_path):
 
 
 def test_plain_numbers_still_read(cli):
-    from embodyhpc.config.load import load_recipe
+    from embodyhpc.validation import load_recipe
 
     config = load_recipe(DEMO, ["train.steps=+10", "train.seed=0", "train.lr=3e-4", "train.grad_clip=1.0e+0",
                                 "train.weight_decay=0.", "network.gid_index=-1", "checkpoint.every_steps=5.0"]).config
@@ -305,7 +305,7 @@ SLURM_TIMES = [("90", 90), ("90:30", 91), ("1:00:00", 60), ("25:00:00", 1500), (
 
 @pytest.mark.parametrize(("time", "minutes"), SLURM_TIMES, ids=[t for t, _ in SLURM_TIMES])
 def test_every_slurm_time_format_reads_as_sbatch_reads_it(time, minutes):
-    from embodyhpc.config.load import load_recipe
+    from embodyhpc.validation import load_recipe
 
     resolved = load_recipe(DEMO, [f"resources.time={time}", "resources.signal_delay_s=0", f"eval.time={time}"]).resolved
     assert resolved.train_time_min == minutes and resolved.eval_time_min == minutes

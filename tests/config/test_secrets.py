@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from embodyhpc.config.guards import looks_secret
-from embodyhpc.config.load import load_recipe
+from embodyhpc.validation import load_recipe
 from tests.helpers import one_line_error
 
 DEMO = "smoke_cpu"
@@ -402,8 +402,8 @@ def test_params_mask_secret_variables_and_uri_credentials_only():
 
 def test_the_redacted_resolved_config_loads_and_runs_as_the_original(tmp_path):
     """What MLflow keeps as recipe/resolved.yaml is submit's redact() of the config: loaded again, the same config."""
-    from embodyhpc.config.load import load_config_file
     from embodyhpc.tracking.mlflow_values import redact
+    from embodyhpc.validation import load_config_file
 
     overrides = ["model.state_key=observation.environment_state", "model.max_token_len=96",
                  "network.extra_env={NCCL_IB_PKEY: '0x8001'}", "checkpoint.keep_latest_k=3"]
@@ -441,8 +441,8 @@ def test_text_that_is_no_uri_is_not_read_as_one(cli, override):
 
 def test_a_runs_own_resolved_yaml_is_not_refused_on_resume_but_a_new_credential_is(tmp_path):
     """resume reads what the run's jobs already read (a run submitted before this check); what it adds is checked."""
-    from embodyhpc.config.load import load_unresolved
     from embodyhpc.errors import ConfigError
+    from embodyhpc.validation import load_unresolved
 
     loaded = load_recipe(DEMO, ["tracking.mlflow_uri=http://mlflow.example:5000"])
     resolved = tmp_path / "resolved.yaml"

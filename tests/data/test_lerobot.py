@@ -144,9 +144,9 @@ def test_folder_without_info_json_says_what_was_expected(tmp_path):
 def test_older_codebase_version_is_refused(sample_copy):
     info_path = sample_copy / "meta" / "info.json"
     info = json.loads(info_path.read_text())
-    info["codebase_version"] = "v2.1"
+    info["codebase_version"] = "v2.0"  # v2.1 is read (tests/data/test_lerobot_v21.py)
     info_path.write_text(json.dumps(info))
-    with pytest.raises(DatasetError, match=r"'v2.1'.*'v3.0'") as exc:
+    with pytest.raises(DatasetError, match=r"'v2.0'.*'v3.0'") as exc:
         open_dataset(sample_copy)
     assert str(info_path) in str(exc.value)
 

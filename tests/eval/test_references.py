@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from embodyhpc.config.load import load_recipe
 from embodyhpc.errors import ConfigError
 from embodyhpc.eval import references, suites
 from embodyhpc.eval.policies import RandomPolicy
+from embodyhpc.validation import load_recipe
 from tests.eval.fake_suite import ConstantPolicy, LineSuite
 
 pytestmark = pytest.mark.sim  # steps a simulator

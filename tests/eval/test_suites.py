@@ -53,8 +53,8 @@ def test_a_site_registers_its_own_suite():
 
 
 def test_validate_asks_the_registry_which_suites_and_options_exist():
-    from embodyhpc.config.load import load_recipe
     from embodyhpc.errors import ConfigError
+    from embodyhpc.validation import load_recipe
 
     libero = load_recipe("smoke_cpu", ["eval.shards=1", "eval.suite=libero", "eval.tasks=[libero_spatial]",
                                        "eval.suite_options.convention=openpi"]).config.eval
@@ -93,7 +93,7 @@ def test_option_names_read_from_source_equal_the_signature(name):
 
 
 def test_validating_a_recipe_imports_no_numpy():
-    code = ("import sys; from embodyhpc.config.load import load_recipe; "
+    code = ("import sys; from embodyhpc.validation import load_recipe; "
             "load_recipe('smoke_cpu', ['eval.suite_options.video_size=32']); "
             "print(sorted(m for m in ('numpy', 'torch', 'metaworld') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

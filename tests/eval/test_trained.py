@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from embodyhpc.config.load import load_recipe
 from embodyhpc.data.normalize import StateNormalizer
 from embodyhpc.eval.trained import inference_placement, load_trained_policy
 from embodyhpc.models import build_model
 from embodyhpc.models.pi05.inference import Pi05Runner
+from embodyhpc.validation import load_recipe
 from tests.exports import make_export
 
 

@@ -92,10 +92,10 @@ def test_the_trained_policy_serves_every_env_in_one_batch_and_acts_as_it_does_al
     require("metaworld", "sim")
     import torch
 
-    from embodyhpc.config.load import load_recipe
     from embodyhpc.data.normalize import StateNormalizer
     from embodyhpc.models import build_model
     from embodyhpc.models.pi05.inference import Pi05Runner
+    from embodyhpc.validation import load_recipe
 
     config = load_recipe("demo_metaworld_cpu").config
     torch.manual_seed(0)

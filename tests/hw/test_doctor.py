@@ -172,8 +172,8 @@ def _scoped(node_options, recipe_overrides, *, local):
     """DoctorOptions for a shipped recipe (hw.recipe_scope), on the fake node."""
     import dataclasses
 
-    from embodyhpc.config.load import load_recipe
     from embodyhpc.hw import recipe_scope
+    from embodyhpc.validation import load_recipe
 
     config = load_recipe("smoke_cpu", ["job.runs_root=/opt/runs", *recipe_overrides]).config
     options, network, skipped = recipe_scope(config, local=local)

@@ -11,11 +11,10 @@ from embodyhpc.hw.storage import (
     NvmeInfo,
     check_nvme,
     check_runs_root,
-    mount_for,
     probe_nvme,
     probe_write_mb_s,
-    read_mounts,
 )
+from embodyhpc.mounts import mount_for, read_mounts
 
 PROC_MOUNTS = """\
 overlay / overlay rw,relatime,lowerdir=/var/lib/containers/l/ABC,upperdir=/var/lib/containers/u,workdir=/w 0 0

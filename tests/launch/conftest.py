@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from embodyhpc.checkpoint import Checkpointer
-from embodyhpc.config.load import load_recipe
 from embodyhpc.config.schema import CheckpointConfig
 from embodyhpc.orchestrate.api import start_run
 from embodyhpc.rundir import make_run_dir
+from embodyhpc.validation import load_recipe
 
 RECIPE = "recipes/demo_metaworld_cpu.yaml"
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from embodyhpc.checkpoint import layout
-from embodyhpc.config.load import load_recipe, load_resolved
 from embodyhpc.launch import checkpoint_eval
 from embodyhpc.launch.export import export_task
 from embodyhpc.orchestrate.plan import chain_kinds
 from embodyhpc.rundir import RunInfo, requested_evals
 from embodyhpc.slurm.executor import without_job_environment
+from embodyhpc.validation import load_recipe, load_resolved
 
 RECIPE = "recipes/demo_metaworld_cpu.yaml"
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")

@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 from embodyhpc.checkpoint import layout
-from embodyhpc.config.load import load_recipe
+from embodyhpc.validation import load_recipe
 from tests.launch.conftest import RECIPE, side_files
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from embodyhpc.config.load import load_recipe
 from embodyhpc.launch.eval import eval_shard_task, shard_file
 from embodyhpc.orchestrate.api import start_run
 from embodyhpc.rundir import make_run_dir
+from embodyhpc.validation import load_recipe
 from tests.helpers import require
 
 pytestmark = pytest.mark.sim  # steps a simulator

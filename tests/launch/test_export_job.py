@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from embodyhpc.checkpoint import Checkpointer, NotACheckpointError, layout, load_exported
-from embodyhpc.config.load import load_recipe, load_resolved
 from embodyhpc.config.schema import CheckpointConfig
 from embodyhpc.launch.eval import weights_dir
 from embodyhpc.launch.export import export_task
 from embodyhpc.models import build_model
 from embodyhpc.orchestrate.api import start_run
 from embodyhpc.rundir import RUN_JSON, make_run_dir
+from embodyhpc.validation import load_recipe, load_resolved
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 REPO = Path(__file__).resolve().parents[2]
@@ -243,7 +243,7 @@ READ_ONLY_SCRIPT = textwrap.dedent("""
     from pathlib import Path
     warnings.filterwarnings("ignore")
     from embodyhpc.checkpoint import layout, load_exported
-    from embodyhpc.config.load import load_recipe, load_resolved
+    from embodyhpc.validation import load_recipe, load_resolved
     from embodyhpc.launch.eval import weights_dir
     from embodyhpc.launch.export import export_task
     from embodyhpc.rundir import make_run_dir

@@ -3,7 +3,8 @@ go into the run directory.
 
 torch 2.8 renamed TORCH_NCCL_TRACE_BUFFER_SIZE to TORCH_FR_BUFFER_SIZE and warns on every rank that finds the old
 name; torch before 2.8 reads only the old one. Sbatch scripts no longer export it: the job sets it before the
-process group is created (launch/distributed.py), translating a user's setting instead of adding a second one.
+process group is created (launch/distributed.py, with parallel/flight_recorder.py), translating a user's setting
+instead of adding a second one.
 The dump file (TORCH_FR_DUMP_TEMP_FILE, before TORCH_NCCL_DEBUG_INFO_TEMP_FILE) is set the same way, to
 logs/flight-recorder/<job id>/rank_ of the run, so that a hang's traces outlive the node's /tmp.
 """
@@ -19,20 +20,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from embodyhpc.config.load import load_recipe
 from embodyhpc.launch import distributed
-from embodyhpc.launch.distributed import (
+from embodyhpc.launch.distributed import DistEnv
+from embodyhpc.parallel.flight_recorder import (
     FR_BUFFER_NEW,
     FR_BUFFER_OLD,
     FR_DUMP_NEW,
     FR_DUMP_OLD,
-    DistEnv,
     flight_recorder_dump_variable,
     flight_recorder_variable,
     set_flight_recorder_dump_file,
     set_flight_recorder_size,
 )
 from embodyhpc.rundir import FLIGHT_RECORDER_DIR, flight_recorder_prefix
+from embodyhpc.validation import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 DUMP = "TORCH_NCCL_DUMP_ON_TIMEOUT"
@@ -115,6 +116,7 @@ def test_the_process_group_sees_the_name_of_its_torch(monkeypatch, version, kept
     assert seen[kept] == "1234" and gone not in seen
 
 
+@pytest.mark.slow  # a fresh python that imports torch and opens a gloo group: 1.9-2.3 s alone
 def test_no_deprecation_warning_from_the_process_group():
     """torch 2.13 warns on stderr when a process group finds TORCH_NCCL_TRACE_BUFFER_SIZE (it does so on CPU and
     gloo too): the job's process group must not. A fresh process, since torch reads the variable once."""

@@ -51,7 +51,9 @@ def test_unreachable_slurm_falls_back_to_local_with_a_message(cli, runs_root, mo
     from embodyhpc import submit as submitting
 
     calls = []
-    monkeypatch.setattr("embodyhpc.orchestrate.backend_local.run_local_chain", lambda *a, **k: calls.append(a) or a[2])
+    # LocalBackend.submit(self, plan, info): the chain is not run, the RunInfo it was handed is returned
+    monkeypatch.setattr("embodyhpc.orchestrate.backend_local.LocalBackend.submit",
+                        lambda *a, **k: calls.append(a) or a[2])
     result = cli("submit", DEMO, f"job.runs_root={runs_root}")
     assert result.code == 0, result.err
     assert "no Slurm cluster reachable" in result.out and "--local" in result.out

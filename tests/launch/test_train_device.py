@@ -8,8 +8,9 @@ import os
 import pytest
 import torch
 
-from embodyhpc.launch.distributed import from_job_environment, gpu_index, rank_device
+from embodyhpc.launch.distributed import from_job_environment
 from embodyhpc.launch.train import device_and_backend
+from embodyhpc.parallel.device import gpu_index, rank_device
 
 # what launchers and Slurm export that decides a rank's GPU, and what the job itself exports before its process
 # group (the flight recorder's dump file): every test starts without them, and leaves none behind

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from embodyhpc.config.load import load_recipe
 from embodyhpc.data.normalize import StateNormalizer
 from embodyhpc.models import build_model
 from embodyhpc.models.groot.inference import GrootRunner
+from embodyhpc.validation import load_recipe
 
 
 @pytest.fixture(scope="module")

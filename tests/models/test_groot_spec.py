@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from embodyhpc.config.load import load_recipe
 from embodyhpc.errors import ConfigError
+from embodyhpc.validation import load_recipe
 
 DEMO = "recipes/demo_groot_metaworld_cpu.yaml"
 
@@ -49,7 +49,7 @@ def test_validating_a_groot_recipe_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import json, sys\nfrom embodyhpc.config.load import load_recipe\n"
+    code = ("import json, sys\nfrom embodyhpc.validation import load_recipe\n"
             f"load_recipe({DEMO!r}, ['model.options.tune_visual=true'])\n"
             "print(json.dumps('torch' in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from embodyhpc.checkpoint.sliced_weights import load_init_weights
 from embodyhpc.config.schema import ModelConfig
@@ -38,6 +39,8 @@ def _equal(a, b) -> bool:
 
 def test_a_published_file_loads_back_exactly(published):
     source, path = published
+    with safe_open(str(path), "pt") as saved:  # the family's layout name (the adapter is shared by the families)
+        assert saved.metadata()["layout"] == "nvidia-gr00t-n1.5"
     target = model(2)
     assert not _equal(source, target)
     report = load_groot_weights(target, path)

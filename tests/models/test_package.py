@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,25 +15,49 @@ import pytest
 
 from embodyhpc.config.schema import ModelConfig
 from embodyhpc.errors import ConfigError
-from embodyhpc.models import build_model, registered_models
+from embodyhpc.models import ModelSpec, build_model, model_spec, registered_models
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "embodyhpc" / "models"
 
 
 FULL_NEEDS = ["data.root=/datasets/x", "model.tokenizer_path=/models/paligemma/tokenizer.model"]
+SHIPPED = {"groot", "pi05"}
+THIRD = "mlp = tests.plugins.mlp_policy:SPEC"  # tests/plugins' toy family, installed as a third family would be
 
 
-def run_python(code: str) -> dict:
+def run_python(code: str, env: dict[str, str] | None = None) -> dict:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=MODELS_DIR.parents[1])
+                          cwd=MODELS_DIR.parents[1], env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_registry() -> None:
-    assert registered_models() == ["groot", "pi05"]
-    with pytest.raises(ConfigError, match="model.name: unknown model 'pi1'; registered: groot, pi05"):
+@pytest.fixture(params=["shipped", "third family"])
+def third_family(request, tmp_path, monkeypatch) -> Path | None:
+    """None, or a site folder (on sys.path) whose dist-info declares the toy family as an `embodyhpc.models` entry
+    point: the registry tests hold with a third family registered, with nothing outside its folder edited."""
+    if request.param == "shipped":
+        return None
+    dist = tmp_path / "site" / "third_family-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: third-family\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[embodyhpc.models]\n{THIRD}\n")
+    monkeypatch.syspath_prepend(str(dist.parent))
+    return dist.parent
+
+
+def test_registry(third_family) -> None:
+    """The shipped families are there, every registered one is a ModelSpec of its name whose required parts load,
+    and an unknown name is refused naming them all."""
+    names = registered_models()
+    assert SHIPPED <= set(names) and names == sorted(names) and ("mlp" in names) == (third_family is not None)
+    for name in names:
+        spec = model_spec(name)
+        assert isinstance(spec, ModelSpec) and spec.name == name
+        assert all(callable(spec.load(part)) for part in ("build", "collate", "token_count", "inference")), name
+    with pytest.raises(ConfigError) as caught:
         build_model(dataclasses.replace(ModelConfig(), name="pi1"))
+    assert str(caught.value).startswith(f"model.name: unknown model 'pi1'; registered: {', '.join(names)}")
 
 
 def test_importing_every_model_module_adds_no_torch_distributed_module() -> None:
@@ -64,10 +89,12 @@ def test_no_source_file_imports_torch_distributed() -> None:
             assert not any(n.startswith("torch.distributed") for n in names), f"{path}: {names}"
 
 
-def test_the_registry_does_not_import_torch() -> None:
+def test_the_registry_does_not_import_torch(third_family) -> None:
+    env = None if third_family is None else {**os.environ, "PYTHONPATH": str(third_family)}
     result = run_python("import json, sys, embodyhpc.models as m\n"
-                        "print(json.dumps({'names': m.registered_models(), 'torch': 'torch' in sys.modules}))\n")
-    assert result == {"names": ["groot", "pi05"], "torch": False}
+                        "print(json.dumps({'names': m.registered_models(), 'torch': 'torch' in sys.modules}))\n", env)
+    assert SHIPPED <= set(result["names"]) and ("mlp" in result["names"]) == (third_family is not None)
+    assert result["torch"] is False
 
 
 @pytest.mark.parametrize("recipe", ["demo_metaworld_cpu", "smoke_cpu", "pi05_bf16", "pi05_fp8",
@@ -75,7 +102,7 @@ def test_the_registry_does_not_import_torch() -> None:
 def test_shipped_recipes_build_their_model_on_meta(recipe: str) -> None:
     import torch
 
-    from embodyhpc.config.load import load_recipe
+    from embodyhpc.validation import load_recipe
 
     cpu_recipe = recipe in ("smoke_cpu", "demo_metaworld_cpu", "demo_groot_metaworld_cpu")
     config = load_recipe(recipe, overrides=[] if cpu_recipe else FULL_NEEDS).config

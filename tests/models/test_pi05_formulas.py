@@ -10,10 +10,12 @@ import math
 
 import torch
 
+from embodyhpc.models.norms import OffsetRMSNorm
 from embodyhpc.models.pi05 import Pi05Batch, Pi05Policy
-from embodyhpc.models.pi05.layers import AdaRMSNorm, RMSNorm, TimeCondition
+from embodyhpc.models.pi05.layers import AdaRMSNorm, TimeCondition
 from embodyhpc.models.pi05.model import sample_time, time_embedding
-from embodyhpc.models.pi05.shapes import Pi05Shape, StreamShape, VisionShape
+from embodyhpc.models.pi05.shapes import Pi05Shape, StreamShape
+from embodyhpc.models.shapes import VisionShape
 
 # openpi: t = Beta(1.5, 1) * 0.999 + 0.001
 ALPHA, SCALE, OFFSET = 1.5, 0.999, 0.001
@@ -59,7 +61,7 @@ def _randomised(module: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 def test_gemma_rmsnorm_scales_by_one_plus_weight() -> None:
     dim, eps = 8, 1e-6
-    norm = _randomised(RMSNorm(dim, eps), 1)
+    norm = _randomised(OffsetRMSNorm(dim, eps), 1)
     x = torch.randn(3, 5, dim, generator=torch.Generator().manual_seed(2)) * 3
     expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + norm.weight)
     torch.testing.assert_close(norm(x), expected, atol=1e-6, rtol=1e-5)

@@ -20,8 +20,9 @@ import torch
 from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
 from embodyhpc.models.pi05 import Pi05Batch, Pi05Policy
-from embodyhpc.models.pi05.shapes import Pi05Shape, StreamShape, VisionShape
+from embodyhpc.models.pi05.shapes import Pi05Shape, StreamShape
 from embodyhpc.models.pi05.weights import PALIGEMMA, load_pi05_weights, to_published
+from embodyhpc.models.shapes import VisionShape
 
 SHAPE = Pi05Shape(vision=VisionShape(image_size=16, patch_size=8, width=16, depth=2, num_heads=2, mlp_dim=24),
                   vlm=StreamShape(width=32, mlp_dim=48), expert=StreamShape(width=16, mlp_dim=24),

@@ -36,7 +36,7 @@ from embodyhpc.models.groot.model import GrootPolicy
 from embodyhpc.models.groot.plan import to_rows
 from embodyhpc.models.groot.shapes import GrootShape, HeadShape, LlmShape, shape_for
 from embodyhpc.models.groot.weights import load_groot_weights, to_published
-from embodyhpc.models.pi05.shapes import VisionShape
+from embodyhpc.models.shapes import VisionShape
 
 REFERENCE = Path(__file__).parent / "reference"
 # the published GR00T-N1.5 key prefixes (nvidia/GR00T-N1.5-3B's model.safetensors.index.json)

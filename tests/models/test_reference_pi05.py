@@ -27,8 +27,9 @@ import torch
 from safetensors.torch import load_file
 
 from embodyhpc.models.pi05 import Pi05Batch, Pi05Policy
-from embodyhpc.models.pi05.shapes import Pi05Shape, StreamShape, VisionShape
+from embodyhpc.models.pi05.shapes import Pi05Shape, StreamShape
 from embodyhpc.models.pi05.weights import EXPERT, key_rules, load_pi05_weights, to_published, unused_published_keys
+from embodyhpc.models.shapes import VisionShape
 
 REFERENCE = Path(__file__).parent / "reference"
 WEIGHTS = REFERENCE / "pi05_expert_weights.safetensors"

@@ -20,7 +20,7 @@ from embodyhpc.errors import ConfigError
 from embodyhpc.models import build_model
 from embodyhpc.models.fp8 import FP8GemmCounter, count_fp8_linears, fp8_autocast
 from embodyhpc.models.pi05.shapes import shape_for
-from embodyhpc.models.pi05.vision import VisionTower
+from embodyhpc.models.vision import VisionTower
 from embodyhpc.parallel import materialize
 from tests.models.conftest import make_batch, make_samples
 

@@ -20,11 +20,11 @@ from torch import nn
 
 from embodyhpc.checkpoint import Checkpointer
 from embodyhpc.checkpoint.export import check_fits, consolidated_model_state, model_entries
-from embodyhpc.config.load import load_recipe
 from embodyhpc.config.schema import CheckpointConfig, PrecisionConfig
 from embodyhpc.models import build_model
 from embodyhpc.models.fp8 import fp8_autocast
 from embodyhpc.train.loop import micro_batch_step
+from embodyhpc.validation import load_recipe
 from tests.helpers import one_line_error
 
 DELAYED = PrecisionConfig(mode="fp8", fp8_backend="te", fp8_recipe="delayed")

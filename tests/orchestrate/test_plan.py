@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from embodyhpc.config.load import load_recipe
 from embodyhpc.orchestrate.api import start_run
-from embodyhpc.orchestrate.backend_local import run_local_plan
+from embodyhpc.orchestrate.backend_local import LocalBackend
 from embodyhpc.orchestrate.backend_slurm import dependency_args
-from embodyhpc.orchestrate.plan import TASKS, JobSpec, chain_plan, resolve_task
+from embodyhpc.orchestrate.plan import TASKS, JobSpec, chain_specs, make_plan, resolve_task
 from embodyhpc.rundir import RunInfo, make_run_dir
+from embodyhpc.validation import load_recipe
 
 RECIPE = "recipes/smoke_cpu.yaml"
 
@@ -22,24 +22,24 @@ def _loaded(tmp_path, *overrides: str):
 
 
 def test_training_chain_is_train_then_eval_array_then_report(tmp_path) -> None:
-    plan = chain_plan(_loaded(tmp_path, "eval.shards=3", "eval.array_parallelism=2", "eval.every_k_checkpoints=2"))
+    plan = chain_specs(_loaded(tmp_path, "eval.shards=3", "eval.array_parallelism=2", "eval.every_k_checkpoints=2"))
     assert [(j.kind, j.task, j.after, j.condition, j.array_size, j.array_parallelism, j.starts_evals)
             for j in plan] == [
         ("train", "embodyhpc.launch.train:train_task", (), "afterok", 0, 0, True),
         ("eval", "embodyhpc.launch.eval:eval_shard_task", ("train",), "afterok", 3, 2, False),
         ("report", "embodyhpc.launch.report:report_task", ("train", "eval"), "afterany", 0, 0, False),
     ]
-    assert [(j.kind, j.after, j.starts_evals) for j in chain_plan(_loaded(tmp_path, "eval.enabled=false"))] == [
+    assert [(j.kind, j.after, j.starts_evals) for j in chain_specs(_loaded(tmp_path, "eval.enabled=false"))] == [
         ("train", (), False), ("report", ("train",), False)]
 
 
 def test_evaluation_of_a_checkpoint_exports_it_first(tmp_path) -> None:
     checkpoint = tmp_path / "run" / "checkpoints" / "step-40"
-    plan = chain_plan(_loaded(tmp_path, f"eval.weights={checkpoint}"), eval_only=True)
+    plan = chain_specs(_loaded(tmp_path, f"eval.weights={checkpoint}"), eval_only=True)
     assert [(j.kind, j.after, j.condition) for j in plan] == [
         ("export", (), "afterok"), ("eval", ("export",), "afterok"), ("report", ("export", "eval"), "afterany")]
     export = tmp_path / "export"
-    assert [j.kind for j in chain_plan(_loaded(tmp_path, f"eval.weights={export}"), eval_only=True)] == [
+    assert [j.kind for j in chain_specs(_loaded(tmp_path, f"eval.weights={export}"), eval_only=True)] == [
         "eval", "report"]
 
 
@@ -76,7 +76,7 @@ def test_the_local_backend_runs_any_plan_by_task_name(tmp_path) -> None:
             JobSpec("eval", "tests.orchestrate.tasks:record", ("export",), "afterok", 3, 2),
             JobSpec("report", "tests.orchestrate.tasks:record", ("export", "eval"), "afterany")]
     messages: list[str] = []
-    run_local_plan(loaded, run, info, plan, progress=messages.append)
+    LocalBackend().submit(make_plan(loaded, plan, run, info.python), info, progress=messages.append)
     assert (run / "calls.txt").read_text().splitlines() == ["True None", "True 0", "True 1", "True 2", "True None"]
     jobs = RunInfo.load(run).jobs
     assert {k: (r.state, r.dependency, r.array_size) for k, r in jobs.items()} == {
@@ -93,7 +93,7 @@ def test_the_local_backend_cancels_what_waits_on_a_failed_job(tmp_path) -> None:
             JobSpec("eval", "tests.orchestrate.tasks:record", ("export",), "afterok", 2),
             JobSpec("report", "tests.orchestrate.tasks:record", ("export", "eval"), "afterany")]
     messages: list[str] = []
-    run_local_plan(loaded, run, info, plan, progress=messages.append)
+    LocalBackend().submit(make_plan(loaded, plan, run, info.python), info, progress=messages.append)
     jobs = RunInfo.load(run).jobs
     assert jobs["export"].state == "FAILED" and "fails on purpose" in jobs["export"].reason
     assert (jobs["eval"].state, jobs["eval"].reason, jobs["eval"].array_counts) == (

@@ -11,13 +11,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from embodyhpc.config.load import load_recipe, shipped_recipes, shipped_sites
-from embodyhpc.slurm.render import JOB_KINDS, render_job
+from embodyhpc.config.load import shipped_recipes, shipped_sites
+from embodyhpc.orchestrate.plan import kind_plan
+from embodyhpc.slurm.render import JOB_KINDS
+from embodyhpc.validation import load_recipe
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 RUN_DIR = Path("/runs/golden/demo-20260101-000000")
 PYTHON = "/opt/embodyhpc/venv/bin/python"
 UPDATE = "EMBODYHPC_UPDATE_GOLDEN"
+
+
+def _script(loaded, kind: str, run_dir: Path, python: str) -> str:
+    """One job's script as every consumer gets it: the plan's (its shape computed and rendered once)."""
+    return kind_plan(loaded, kind, run_dir, python).jobs[0].script
 
 
 def _overrides(recipe: str, site: str) -> list[str]:
@@ -32,7 +39,7 @@ def _overrides(recipe: str, site: str) -> list[str]:
 
 def _render_all(recipe: str, site: str) -> str:
     loaded = load_recipe(recipe, _overrides(recipe, site), site=site)
-    return "".join(f"# ===== {kind}.sbatch =====\n{render_job(loaded, kind, RUN_DIR, PYTHON)}"
+    return "".join(f"# ===== {kind}.sbatch =====\n{_script(loaded, kind, RUN_DIR, PYTHON)}"
                    for kind in JOB_KINDS)
 
 
@@ -59,7 +66,7 @@ def test_every_rendered_script_is_valid_bash(recipe, site, tmp_path):
     loaded = load_recipe(recipe, _overrides(recipe, site), site=site)
     for kind in JOB_KINDS:
         script = tmp_path / f"{kind}.sh"
-        script.write_text(render_job(loaded, kind, RUN_DIR, PYTHON))
+        script.write_text(_script(loaded, kind, RUN_DIR, PYTHON))
         proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert proc.returncode == 0, (kind, proc.stderr)
 
@@ -86,7 +93,7 @@ def test_hostile_recipe_values_render_inert(tmp_path):
     assert loaded.config.site.partition == evil
     run_dir = tmp_path / "run dir; touch pwned"
     for kind in JOB_KINDS:
-        text = render_job(loaded, kind, run_dir, loaded.config.site.python)
+        text = _script(loaded, kind, run_dir, loaded.config.site.python)
         # run the script for real with srun/module replaced by no-op recorders
         bindir = tmp_path / "bin"
         bindir.mkdir(exist_ok=True)
@@ -121,10 +128,10 @@ def test_site_templates_dir_overrides_one_template(tmp_path):
     (tmp_path / "report.sbatch.j2").write_text(
         '{% extends "base.sbatch.j2" %}\n{% block before_srun %}\necho site-{{ kind }}\n{% endblock %}\n')
     loaded = load_recipe("smoke_cpu", site=str(site_profile(tmp_path, templates_dir=str(tmp_path))))
-    report = render_job(loaded, "report", RUN_DIR, PYTHON)
-    train = render_job(loaded, "train", RUN_DIR, PYTHON)
+    report = _script(loaded, "report", RUN_DIR, PYTHON)
+    train = _script(loaded, "train", RUN_DIR, PYTHON)
     assert "echo site-report" in report and "site-" not in train
-    assert train == render_job(load_recipe("smoke_cpu"), "train", RUN_DIR, PYTHON)
+    assert train == _script(load_recipe("smoke_cpu"), "train", RUN_DIR, PYTHON)
 
 
 def test_missing_templates_dir_is_a_config_error(cli, tmp_path):
@@ -139,19 +146,19 @@ def site_profile(folder: Path, **site: object) -> Path:
     return path
 
 
-def test_render_cli_prints_exactly_render_job(cli, tmp_path):
+def test_render_cli_prints_exactly_the_plans_script(cli, tmp_path):
     result = cli("render", "smoke_cpu", "--site", "local", "--job", "train", "--run-dir", str(tmp_path))
     assert result.code == 0, result.err
     loaded = load_recipe("smoke_cpu", site="local")
     import sys
 
-    assert result.out == render_job(loaded, "train", tmp_path, sys.executable)
+    assert result.out == _script(loaded, "train", tmp_path, sys.executable)
 
 
 def test_script_shape():
     loaded = load_recipe("pi05_fp8", _overrides("pi05_fp8", "example_ib"), site="example_ib")
-    train = render_job(loaded, "train", RUN_DIR, PYTHON)
-    eval_ = render_job(loaded, "eval", RUN_DIR, PYTHON)
+    train = _script(loaded, "train", RUN_DIR, PYTHON)
+    eval_ = _script(loaded, "eval", RUN_DIR, PYTHON)
     assert "#SBATCH --nodes=4\n" in train and "#SBATCH --ntasks-per-node=8\n" in train
     assert "#SBATCH --gpus-per-node=8\n" in train and "#SBATCH --exclusive\n" in train
     assert "#SBATCH --signal=USR2@300\n" in train and "#SBATCH --time=48:00:00\n" in train
@@ -159,7 +166,7 @@ def test_script_shape():
     assert "#SBATCH --array=0-29%30\n" in eval_ and "NCCL_IB_HCA" not in eval_
     assert "%A_%a_%t_log.out" in eval_ and "--gpus" not in eval_
     roce = load_recipe("pi05_fp8", _overrides("pi05_fp8", "example_roce"), site="example_roce")
-    text = render_job(roce, "train", RUN_DIR, PYTHON)
+    text = _script(roce, "train", RUN_DIR, PYTHON)
     assert "#SBATCH --gres=gpu:8\n" in text and "module load cuda/12.4\n" in text
     assert "export NCCL_IB_GID_INDEX=3\n" in text
 
@@ -168,7 +175,7 @@ def test_script_shape():
                                             ("example_roce", "#SBATCH --gres=gpu:2\n"), ("local", None)])
 def test_eval_shards_request_gpus_in_the_site_style(site, line):
     loaded = load_recipe("pi05_fp8", [*_overrides("pi05_fp8", site), "eval.gpus_per_task=2"], site=site)
-    eval_, export = (render_job(loaded, kind, RUN_DIR, PYTHON) for kind in ("eval", "export"))
+    eval_, export = (_script(loaded, kind, RUN_DIR, PYTHON) for kind in ("eval", "export"))
     if line is None:  # a site without GPU requests asks for none
         assert "gpu" not in eval_.lower().replace("gpu_request", "")
     else:

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from embodyhpc.checkpoint import layout
-from embodyhpc.config.load import load_resolved
 from embodyhpc.rundir import RunInfo
 from embodyhpc.tracking.mlflow_run import client, tracking_uri
+from embodyhpc.validation import load_resolved
 from tests.helpers import run_dir_from, statuses, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm"), pytest.mark.slow]

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from embodyhpc.config.load import load_recipe, shipped_recipes, shipped_sites
-from embodyhpc.slurm.render import JOB_KINDS, render_job, template_env
+from embodyhpc.config.load import shipped_recipes, shipped_sites
+from embodyhpc.orchestrate.plan import kind_plan
+from embodyhpc.slurm.render import JOB_KINDS, template_env
+from embodyhpc.validation import load_recipe
 from tests.helpers import one_line_error
 
 DEMO = "smoke_cpu"
@@ -105,7 +107,7 @@ def test_every_shipped_template_renders_in_the_sandbox(tmp_path):
             loaded = load_recipe(recipe, ["site.account=me", "data.root=/data/x", "model.tokenizer_path=/t.model",
                                           "model.init_weights=/w"], site=site)
             for kind in JOB_KINDS:
-                text = render_job(loaded, kind, tmp_path / "run", "/usr/bin/python3")
+                text = kind_plan(loaded, kind, tmp_path / "run", "/usr/bin/python3").jobs[0].script
                 assert text.startswith("#!/bin/bash\n#SBATCH"), (recipe, site, kind)
 
 

@@ -847,10 +847,10 @@ def test_small_files_of_a_fast_source_are_copied_on_one_thread(src, dest, monkey
     """A local source answering stats in microseconds: small files on the one 'small' thread, chunks of large files
     on the pool. A slow one, or a network filesystem whose stats come from its client's cache (opens still wait on
     a server), or one of unknown type: everything on the pool."""
-    from embodyhpc.hw import storage
+    from embodyhpc import mounts
     from embodyhpc.staging import tree
     monkeypatch.setattr(tree, "_INLINE_STAT_S", float("inf") if fast_stats else 0.0)
-    monkeypatch.setattr(storage, "read_mounts", lambda: [storage.Mount("dev", "/", fstype)] if fstype else [])
+    monkeypatch.setattr(mounts, "read_mounts", lambda: [mounts.Mount("dev", "/", fstype)] if fstype else [])
     threads: dict[str, set[str]] = {}
     real_copy_file, real_copy_chunk = transfer.copy_file, transfer.copy_chunk
 

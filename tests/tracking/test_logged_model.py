@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from embodyhpc.config.load import load_recipe
 from embodyhpc.launch.policy_model import ACTIONS_OUTPUT, MODEL_NAME, log_training_model
 from embodyhpc.models import build_model
 from embodyhpc.rundir import POLICY_IO_FILE
 from embodyhpc.tracking import mlflow_run as mr
+from embodyhpc.validation import load_recipe
 from tests.exports import make_export
 
 RECIPE = "recipes/demo_metaworld_cpu.yaml"

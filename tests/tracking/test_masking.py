@@ -15,8 +15,8 @@ PASSWORD = "pw_sekrit_0123456789"
 def test_the_logged_recipe_is_the_run_config_and_its_params_read_as_set(tmp_path, sqlite_uri):
     """submit logs params=_params(loaded) and recipe/resolved.yaml = yaml(redact(params)): keys ending in key, token or
     len are settings, shown as they are; the artifact, loaded again, is the same config."""
-    from embodyhpc.config.load import load_config_file, load_recipe
     from embodyhpc.tracking.mlflow_values import redact
+    from embodyhpc.validation import load_config_file, load_recipe
 
     loaded = load_recipe("smoke_cpu", ["model.state_key=observation.environment_state", "model.max_token_len=96",
                                        "network.extra_env={NCCL_IB_PKEY: '0x8001'}", "checkpoint.keep_latest_k=3"])

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from embodyhpc.config.load import load_recipe
 from embodyhpc.launch.report import report_task
 from embodyhpc.rundir import JobRecord, RunInfo, make_run_dir, write_private
 from embodyhpc.tracking import mlflow_run as mr
 from embodyhpc.tracking.mlflow_sink import MlflowMetricsSink
+from embodyhpc.validation import load_recipe
 
 RECIPE = "recipes/demo_metaworld_cpu.yaml"
 

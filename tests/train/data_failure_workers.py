@@ -61,8 +61,7 @@ def broken_data_job(rank: int, world_size: int, run_dir: str, fail_rank: int, ho
                                              if rank == fail_rank else opened(data_cfg, model_cfg))
     error, result = None, None
     try:
-        result = loop.train(data=data, model_cfg=cfg.model, precision=cfg.precision, parallelism=cfg.parallelism,
-                            train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=run_dir,
+        result = loop.train(dataclasses.replace(cfg, data=data), resolve(cfg), run_dir=run_dir,
                             dist_env=SimpleNamespace(rank=rank, world_size=world_size, local_rank=rank),
                             device="cpu", sinks=[])
     except DataWorkerError as exc:
@@ -95,8 +94,7 @@ def scancel_job(rank: int, world_size: int, run_dir: str, num_workers: int) -> d
         return next_batch(self)
 
     BatchStream.next_batch = signalling_next_batch  # this rank's process only
-    result = loop.train(data=cfg.data, model_cfg=cfg.model, precision=cfg.precision, parallelism=cfg.parallelism,
-                        train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=run_dir,
+    result = loop.train(cfg, resolve(cfg), run_dir=run_dir,
                         dist_env=SimpleNamespace(rank=rank, world_size=world_size, local_rank=rank), device="cpu",
                         sinks=[])
     return {"stopped_by": result.stopped_by, "final_step": result.final_step, "signalled_workers": signalled,

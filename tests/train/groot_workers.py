@@ -45,7 +45,6 @@ def groot_train_job(rank: int, world_size: int, run_dir: str, steps: int,
                     init_weights: str | None = None) -> dict[str, Any]:
     cfg = groot_recipe(world_size, steps, init_weights)
     dist_env = SimpleNamespace(rank=rank, world_size=world_size, local_rank=rank)
-    result = train(data=cfg.data, model_cfg=cfg.model, precision=cfg.precision, parallelism=cfg.parallelism,
-                   train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=run_dir,
-                   dist_env=dist_env, device="cpu", config_yaml="model: {name: groot, size: tiny}\n")
+    result = train(cfg, resolve(cfg), run_dir=run_dir, dist_env=dist_env, device="cpu",
+                   config_yaml="model: {name: groot, size: tiny}\n")
     return asdict(result)

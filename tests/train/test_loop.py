@@ -21,7 +21,7 @@ from embodyhpc.checkpoint import list_steps, load_exported, read_latest, read_ma
 from embodyhpc.config.resolve import resolve
 from embodyhpc.data.sampler import epoch_permutation
 from embodyhpc.train.loop import train
-from embodyhpc.train.metrics import METRIC_FIELDS
+from embodyhpc.train.metrics import METRIC_FIELDS, logs_at
 from tests.parallel.harness import run_ranks
 from tests.train import workers
 
@@ -53,6 +53,20 @@ def test_metrics_have_every_field(full_run):
     assert records[3]["lr"] < records[2]["lr"] < records[1]["lr"]
     assert all(r["start_step"] == 0 and r["final_step"] == STEPS for r in results)
     assert results[0]["last_metrics"] == results[1]["last_metrics"]  # reduced: the same on every rank
+
+
+def test_extra_sinks_get_rank_0s_logged_steps_and_are_closed_after_them(full_run):
+    """The launcher's extra sinks (MLflow) receive what metrics.jsonl holds, on rank 0 only, then are closed."""
+    run_dir, results = full_run
+    logged = [{"step": step, **metrics} for step, metrics in results[0]["extra_sink"][:-1]]
+    assert logged == _metrics(run_dir) and results[0]["extra_sink"][-1] == "close"
+    assert results[1]["extra_sink"] == []  # rank 1 writes no metrics, not even to a sink it was handed
+
+
+@pytest.mark.parametrize(("log_every", "last_step", "logged"), [
+    (4, 10, [4, 8, 10]), (5, 10, [5, 10]), (1, 3, [1, 2, 3]), (20, 10, [10])])
+def test_steps_log_every_log_every_steps_and_at_the_last(log_every, last_step, logged):
+    assert [step for step in range(1, last_step + 1) if logs_at(step, log_every, last_step)] == logged
 
 
 def test_checkpoints_and_export_are_complete(full_run):
@@ -158,7 +172,6 @@ def test_a_gpu_rank_makes_its_local_gpu_current_before_anything_else(fake_cuda, 
     cfg = workers.recipe(4, steps=1, every_steps=1)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, warmup_steps=0))  # 1 step: no warm-up
     with pytest.raises(RuntimeError, match="needs an initialised process group"):
-        train(data=cfg.data, model_cfg=cfg.model, precision=cfg.precision, parallelism=cfg.parallelism,
-              train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=tmp_path,
-              dist_env=SimpleNamespace(rank=3, world_size=4, local_rank=1), device="cuda")
+        train(cfg, resolve(cfg), run_dir=tmp_path, dist_env=SimpleNamespace(rank=3, world_size=4, local_rank=1),
+              device="cuda")
     assert cuda.events == [("set_device", 1)]

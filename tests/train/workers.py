@@ -66,19 +66,33 @@ class RecordingDataset:
         return self.inner[index]
 
 
+class RecordingSink:
+    """An extra metrics sink, as the launcher's MLflow one: what it was handed, in order ("close" when closed)."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def write(self, step: int, metrics: Any) -> None:
+        self.events.append([step, dict(metrics)])
+
+    def close(self) -> None:
+        self.events.append("close")
+
+
 def train_job(rank: int, world_size: int, run_dir: str, steps: int, every_steps: int,
               options: dict[str, Any] | None = None) -> dict[str, Any]:
     """`options`: further keyword arguments of recipe() (precision, num_workers). The result has the dataset
-    indices this rank read under "drawn"."""
+    indices this rank read under "drawn", and what an extra metrics sink given to every rank received under
+    "extra_sink"."""
     cfg = recipe(world_size, steps=steps, every_steps=every_steps, **(options or {}))
     dist_env = SimpleNamespace(rank=rank, world_size=world_size, local_rank=rank)
     drawn: list[int] = []
     open_dataset = loop._open
     loop._open = lambda data, model_cfg: RecordingDataset(open_dataset(data, model_cfg), drawn)  # this rank only
-    result = train(data=cfg.data, model_cfg=cfg.model, precision=cfg.precision, parallelism=cfg.parallelism,
-                   train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=run_dir,
-                   dist_env=dist_env, device="cpu", config_yaml="model: {size: tiny}\n")
-    return {**asdict(result), "drawn": drawn}
+    sink = RecordingSink()
+    result = train(cfg, resolve(cfg), run_dir=run_dir, dist_env=dist_env, device="cpu",
+                   config_yaml="model: {size: tiny}\n", extra_sinks=[sink])
+    return {**asdict(result), "drawn": drawn, "extra_sink": sink.events}
 
 
 def signalled_job(rank: int, world_size: int, run_dir: str, steps: int, every_steps: int, signal_rank: int,
@@ -131,9 +145,8 @@ def te_train_job(rank: int, world_size: int, run_dir: str, steps: int, ac: str, 
                               parallelism=ParallelismConfig(activation_checkpointing=ac))
     precision = PrecisionConfig(mode="fp8", fp8_backend="te", fp8_recipe=recipe_name)
     dist_env = SimpleNamespace(rank=rank, world_size=world_size, local_rank=rank)
-    result = train(data=cfg.data, model_cfg=cfg.model, precision=precision, parallelism=cfg.parallelism,
-                   train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=run_dir,
-                   dist_env=dist_env, device="cpu")
+    result = train(dataclasses.replace(cfg, precision=precision), resolve(cfg), run_dir=run_dir, dist_env=dist_env,
+                   device="cpu")
     return {"forwards": forwards, "last_metrics": result.last_metrics,
             "num_layers": sum(1 for _ in _te_layer_names(cfg.model))}
 
@@ -223,9 +236,8 @@ def te_chain_job(rank: int, world_size: int, run_dir: str, steps: int) -> dict[s
     cfg = dataclasses.replace(base, train=dataclasses.replace(base.train, global_batch_size=8))
     precision = PrecisionConfig(mode="fp8", fp8_backend="te", fp8_recipe="delayed")
     dist_env = SimpleNamespace(rank=rank, world_size=world_size, local_rank=rank)
-    result = train(data=cfg.data, model_cfg=cfg.model, precision=precision, parallelism=cfg.parallelism,
-                   train_cfg=cfg.train, checkpoint=cfg.checkpoint, resolved=resolve(cfg), run_dir=run_dir,
-                   dist_env=dist_env, device="cpu")
+    result = train(dataclasses.replace(cfg, precision=precision), resolve(cfg), run_dir=run_dir, dist_env=dist_env,
+                   device="cpu")
     return {"loaded_extra_state": loaded, "last_metrics": result.last_metrics, "start_step": result.start_step,
             "final_step": result.final_step}
 

@@ -3,9 +3,10 @@
 The folder is a model plug-in (embodyhpc/models/spec.py): SPEC names its builder and tokenizer (build.py), batch
 builder and token counts (batching.py), evaluation-time inference (inference.py), published-weights key rules
 (weights.py) and what `embodyhpc smoke` trains (smoke.py). Its own options live under `model.options`
-(GrootOptions); the shared model keys it reads are size (tiny | full), attention_backend, init_weights,
-tokenizer_path (full: Qwen3's tokenizer.json), action_horizon (16 in GR00T-N1.5), action_dim (32), max_token_len
-(VLM tokens per packed row), packing, state_key and state_norm. Importing the package imports no torch.
+(GrootOptions); the model keys it reads are size (SPEC.sizes: tiny | full), the family keys SPEC.keys declares
+(attention_backend, tokenizer_path (full: Qwen3's tokenizer.json), max_token_len (VLM tokens per packed row),
+packing) and those every model reads (init_weights, action_horizon (16 in GR00T-N1.5), action_dim (32), state_key,
+state_norm, norm_stats). Importing the package imports no torch.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from embodyhpc.errors import ConfigError
+from embodyhpc.models.groot.shapes import SHAPES
 from embodyhpc.models.spec import ModelSpec
 
 NUM_EMBODIMENTS = 32
@@ -56,6 +58,8 @@ def check_model(model_cfg) -> None:
 SPEC = ModelSpec(
     name="groot",
     options=GrootOptions,
+    sizes=tuple(SHAPES),
+    keys=("attention_backend", "tokenizer_path", "max_token_len", "packing"),
     check=check_model,
     build="embodyhpc.models.groot.build:build_groot",
     tokenizer="embodyhpc.models.groot.build:build_groot_tokenizer",

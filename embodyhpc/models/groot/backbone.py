@@ -1,8 +1,9 @@
 """The Eagle-2.5-style VLM of GR00T-N1.5: a SigLIP vision tower, a linear projector, and a Qwen3-style LLM cut
 after `llm.depth` layers whose final RMSNorm output feeds the action head (frozen in fine-tuning by default).
 
-The vision tower is the SigLIP-style tower pi0.5 uses (models/pi05/vision.py: patch embedding, learned positions,
-pre-LN blocks, post-LN; pixels mapped to [-1, 1], i.e. mean = std = 0.5; no pooling head).
+The vision tower is the shared SigLIP-style tower (models/vision.py: patch embedding, learned positions, pre-LN
+blocks, post-LN; pixels mapped to [-1, 1], i.e. mean = std = 0.5; no pooling head); the norms are Qwen's RMSNorm
+(models/norms.py).
 The LLM runs on the VLM tokens in the packer's rows (plan.py), causal within each sample (Qwen3 is a causal LM;
 the sample's image tokens come first, then its instruction), with RoPE positions restarting per sample; its
 attention goes through the attention backend seam (models/attention.py, a causal layout: flash-attn's varlen
@@ -18,21 +19,9 @@ from torch import nn
 from embodyhpc.models.attention import PreparedAttention, attend
 from embodyhpc.models.groot.plan import GrootPlan
 from embodyhpc.models.groot.shapes import GrootShape, LlmShape
-from embodyhpc.models.pi05.vision import VisionTower
+from embodyhpc.models.norms import RMSNorm
 from embodyhpc.models.rope import apply_rope, rope_angles
-
-
-class RMSNorm(nn.Module):
-    """Qwen's RMSNorm: x / rms(x) * weight (the weight itself, initialised to 1)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).type_as(x)
+from embodyhpc.models.vision import VisionTower
 
 
 class QwenAttention(nn.Module):

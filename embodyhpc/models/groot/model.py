@@ -20,14 +20,15 @@ import torch
 from torch import nn
 
 from embodyhpc.models.flow import FlowMatchingOutput, action_loss_mask, masked_flow_loss, training_actions
-from embodyhpc.models.groot.backbone import EagleBackbone, RMSNorm
+from embodyhpc.models.groot.backbone import EagleBackbone
 from embodyhpc.models.groot.batch import GrootBatch
 from embodyhpc.models.groot.head import DiTContext, FlowMatchingHead
 from embodyhpc.models.groot.layers import CategorySpecificLinear
 from embodyhpc.models.groot.plan import GrootPlan, build_plan
 from embodyhpc.models.groot.shapes import GrootShape
 from embodyhpc.models.init import Constant, Normal, Rule, init_parameters, linear_like, owned
-from embodyhpc.models.pi05.vision import VisionTower
+from embodyhpc.models.norms import RMSNorm
+from embodyhpc.models.vision import VisionTower
 
 NOISE_S = 0.999
 BETA_ALPHA = 1.5  # Beta(1.5, 1): CDF u**1.5, so a draw is U ** (1 / 1.5)

@@ -23,8 +23,8 @@ real token) and their outputs are dropped, so they change no real token's value 
 against a per-sample computation without any padding). Padded for every precision: one code path, and fewer than
 16 / gcd(R, 16) tokens more per row (per sample for S').
 
-Index conventions as in pi0.5's plan: each gather appends one zero row to its source, so "one past the end" is
-padding. Built on the host from the batch's lengths (one short loop over samples).
+Index conventions: each gather appends one zero row to its source, so "one past the end" is padding. Built on the
+host from the batch's lengths (one short loop over samples).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from functools import cached_property
 import torch
 
 from embodyhpc.models.attention import PAD_SEGMENT, AttentionLayout
-from embodyhpc.models.pi05.plan import TOKEN_ALIGNMENT
+from embodyhpc.models.shapes import TOKEN_ALIGNMENT
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from embodyhpc.errors import ConfigError
-from embodyhpc.models.pi05.shapes import VisionShape
+from embodyhpc.models.shapes import VisionShape
 
 
 @dataclass(frozen=True)

@@ -39,14 +39,16 @@ from torch import nn
 
 from embodyhpc.models.groot.shapes import GrootShape
 from embodyhpc.models.weights_io import (
-    SINGLE_FILE,
     KeyRule,
     LoadReport,
+    PublishedWeights,
     SafetensorsCheckpoint,
     TensorSource,
     WeightsLayoutError,
     listing,
     match_rules,
+    model_tensors,
+    plain_tensor,
     refuse_mismatches,
 )
 
@@ -100,7 +102,7 @@ def unused_published_keys(shape: GrootShape) -> dict[str, tuple[int, ...]]:
 
 def published_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     """Every key -> shape that `to_published(..., placeholders=True)` writes for this model."""
-    ours = {name: tuple(t.shape) for name, t in _model_tensors(model).items()}
+    ours = {name: tuple(t.shape) for name, t in model_tensors(model).items()}
     table = {rule.theirs: rule.their_shape(ours[rule.ours]) for rule in key_rules(list(ours))}
     return table | unused_published_keys(model.shape)
 
@@ -154,7 +156,7 @@ def plan_load(source: TensorSource, shape: GrootShape, targets: Mapping[str, tup
 def to_published(state: Mapping[str, torch.Tensor], shape: GrootShape, *, placeholders: bool = True,
                  dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Our state dict in the published layout, CPU and contiguous; `dtype` casts floating tensors."""
-    out = {rule.theirs: rule.to_theirs(_plain(state[rule.ours])) for rule in key_rules(list(state))}
+    out = {rule.theirs: rule.to_theirs(plain_tensor(state[rule.ours])) for rule in key_rules(list(state))}
     if placeholders:
         embed = out[LANGUAGE + "model.embed_tokens.weight"]
         for key, key_shape in unused_published_keys(shape).items():
@@ -163,70 +165,16 @@ def to_published(state: Mapping[str, torch.Tensor], shape: GrootShape, *, placeh
             for k, v in out.items()}
 
 
-def _plain(tensor: torch.Tensor) -> torch.Tensor:
-    if type(tensor) in (torch.Tensor, nn.Parameter):
-        return tensor.detach()
-    with torch.no_grad():  # a tensor subclass (torchao's float8 weights): its values as a plain tensor
-        return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device).copy_(tensor)
+ADAPTER = PublishedWeights(LAYOUT, plan_load, to_published)
 
 
-def _model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.endswith("_extra_state")}
-
-
-# ---- the model-level API (unsharded models; sharded ones: checkpoint.sliced_weights with ADAPTER) ----
-@torch.no_grad()
 def load_groot_weights(model: nn.Module, path_or_dir: str | Path | TensorSource, *, strict: bool = True) -> LoadReport:
     """Load published-layout GR00T-N1.5 weights (a .safetensors file, a folder with model.safetensors or a sharded
     index, or an in-memory dict) into `model`, casting to each parameter's dtype; a meta model gets them assigned."""
-    tensors = _model_tensors(model)
-    for name, tensor in tensors.items():
-        if type(tensor).__name__ == "DTensor" or type(getattr(tensor, "data", None)).__name__ == "DTensor":
-            raise WeightsLayoutError(f"{name} is sharded (FSDP/DTensor): use "
-                                     "embodyhpc.checkpoint.sliced_weights.load_weights_sharded on every rank")
-    if isinstance(path_or_dir, (str, Path)):
-        source, name = SafetensorsCheckpoint(path_or_dir), str(path_or_dir)
-    else:
-        source, name = path_or_dir, "state dict"
-    report, to_load = plan_load(source, model.shape, {k: tuple(v.shape) for k, v in tensors.items()}, strict=strict,
-                                source_name=name)
-    get = source.get if isinstance(source, SafetensorsCheckpoint) else source.__getitem__
-    on_meta = any(t.is_meta for t in tensors.values())
-    converted = ((rule.ours, rule.to_ours(get(key))) for rule, key in to_load)
-    if on_meta:
-        model.load_state_dict({k: v.to(tensors[k].dtype) for k, v in converted}, strict=False, assign=True)
-    else:
-        for our_name, tensor in converted:
-            tensors[our_name].copy_(tensor)
-    return report
+    return ADAPTER.load(model, path_or_dir, strict=strict)
 
 
 def save_groot_weights(model: nn.Module, path: str | Path, *, placeholders: bool = True,
                        dtype: torch.dtype | None = None) -> Path:
     """The model's weights as one safetensors file in the published layout; returns the path."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        path = path / SINGLE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    published = to_published(_model_tensors(model), model.shape, placeholders=placeholders, dtype=dtype)
-    save_file(published, str(path), metadata={"format": "pt", "layout": LAYOUT})
-    return path
-
-
-class GrootWeightsAdapter:
-    """The spec's published-weights adapter for embodyhpc/checkpoint/sliced_weights.py."""
-
-    layout = LAYOUT
-
-    def plan_load(self, source: TensorSource, model: nn.Module, targets: Mapping[str, tuple[int, ...]], *,
-                  strict: bool, source_name: str) -> tuple[LoadReport, list[tuple[KeyRule, str]]]:
-        return plan_load(source, model.shape, targets, strict=strict, source_name=source_name)
-
-    def to_published(self, state: Mapping[str, torch.Tensor], model: nn.Module, *, placeholders: bool = True,
-                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        return to_published(state, model.shape, placeholders=placeholders, dtype=dtype)
-
-
-ADAPTER = GrootWeightsAdapter()
+    return ADAPTER.save(model, path, placeholders=placeholders, dtype=dtype)

@@ -1,5 +1,5 @@
-"""Building blocks of the pi0.5 streams: Gemma-style RMSNorm, adaptive RMSNorm, RoPE, GeGLU, the per-stream block
-and the joint layer where the VLM stream and the action expert attend together."""
+"""Building blocks of the pi0.5 streams: adaptive RMSNorm, GeGLU, the per-stream block and the joint layer where the
+VLM stream and the action expert attend together (Gemma's RMSNorm, RoPE: the shared models/norms.py, rope.py)."""
 
 from __future__ import annotations
 
@@ -11,26 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from embodyhpc.models.attention import PreparedAttention, attend
+from embodyhpc.models.norms import OffsetRMSNorm, rms_normalize
 from embodyhpc.models.pi05.plan import TokenPlan, from_rows, to_rows
 from embodyhpc.models.pi05.shapes import Pi05Shape, StreamShape
 from embodyhpc.models.rope import apply_rope
-
-
-def _rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()  # the mean of squares in float32: bf16 loses the small activations that matter here
-    return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-
-
-class RMSNorm(nn.Module):
-    """Gemma's RMSNorm: the learned scale is stored as an offset from 1 (zero-initialised)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (_rms_normalize(x, self.eps) * (1.0 + self.weight.float())).type_as(x)
 
 
 @dataclass(frozen=True)
@@ -63,7 +47,7 @@ class AdaRMSNorm(nn.Module):
         per_token = per_sample[cond.token_sample].float()  # [R, Ta, 3 * dim]
         scale, shift = per_token[..., :self.dim], per_token[..., self.dim:2 * self.dim]
         gate = per_token[..., 2 * self.dim:].type_as(x) if self.gated else None
-        return (_rms_normalize(x, self.eps) * (1.0 + scale) + shift).type_as(x), gate
+        return (rms_normalize(x, self.eps) * (1.0 + scale) + shift).type_as(x), gate
 
 
 class GeGLU(nn.Module):
@@ -94,7 +78,7 @@ class StreamBlock(nn.Module):
 
         def norm() -> nn.Module:
             if cond_dim is None:
-                return RMSNorm(stream.width, shape.norm_eps)
+                return OffsetRMSNorm(stream.width, shape.norm_eps)
             return AdaRMSNorm(stream.width, cond_dim, shape.norm_eps)
 
         self.attn_norm = norm()

@@ -19,19 +19,13 @@ from torch import nn
 
 from embodyhpc.models.flow import FlowMatchingOutput, action_loss_mask, masked_flow_loss, training_actions
 from embodyhpc.models.init import Constant, Normal, Pieces, Rule, init_parameters, linear_like, owned
+from embodyhpc.models.norms import OffsetRMSNorm
 from embodyhpc.models.pi05.batch import Pi05Batch
-from embodyhpc.models.pi05.layers import (
-    AdaRMSNorm,
-    JointLayer,
-    KeyValue,
-    LayerContext,
-    RMSNorm,
-    TimeCondition,
-)
+from embodyhpc.models.pi05.layers import AdaRMSNorm, JointLayer, KeyValue, LayerContext, TimeCondition
 from embodyhpc.models.pi05.plan import TokenPlan, build_token_plan
 from embodyhpc.models.pi05.shapes import Pi05Shape
-from embodyhpc.models.pi05.vision import VisionTower
 from embodyhpc.models.rope import rope_angles
+from embodyhpc.models.vision import VisionTower
 
 TIME_BETA_ALPHA = 1.5  # t ~ Beta(1.5, 1): its CDF is t**1.5, so t = U**(1/1.5) by inversion
 TIME_MIN_PERIOD, TIME_MAX_PERIOD = 4e-3, 4.0  # sinusoidal time embedding periods
@@ -106,7 +100,7 @@ class Pi05Policy(nn.Module):
                     for name in owned(module, ("weight", "bias"))}
         if isinstance(module, nn.LayerNorm):
             return {name: Constant(1.0 if name == "weight" else 0.0) for name in owned(module, ("weight", "bias"))}
-        if isinstance(module, RMSNorm):
+        if isinstance(module, OffsetRMSNorm):
             return {"weight": Constant(0.0)}  # Gemma's scale is stored as an offset from 1
         if isinstance(module, VisionTower):
             return {"position_embedding": Normal(0.02)}

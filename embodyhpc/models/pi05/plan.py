@@ -31,10 +31,7 @@ from functools import cached_property
 import torch
 
 from embodyhpc.models.attention import PAD_SEGMENT, AttentionLayout
-
-# Flat streams are padded to a multiple of this: fp8 GEMMs (transformer-engine) need the token dimension of a
-# Linear's input divisible by 8 or 16; a stream loses at most 15 tokens to it.
-TOKEN_ALIGNMENT = 16
+from embodyhpc.models.shapes import TOKEN_ALIGNMENT  # flat streams are padded to it: at most 15 tokens lost
 
 
 @dataclass(frozen=True, eq=False)

@@ -12,21 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from embodyhpc.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class VisionShape:
-    image_size: int  # square input, pixels
-    patch_size: int
-    width: int
-    depth: int
-    num_heads: int
-    mlp_dim: int
-
-    @property
-    def num_patches(self) -> int:
-        """Tokens per camera image."""
-        return (self.image_size // self.patch_size) ** 2
+from embodyhpc.models.shapes import VisionShape
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ Refused, with a one-line error, because no mapping gives the same function:
   shapes and, for the action projections, the recipe key to change.
 
 Numerical conventions outside the state dict, kept equal to openpi so loaded weights compute the same function:
-pixels in [-1, 1] into SigLIP (vision.py), text embeddings scaled by sqrt(width) and image tokens not scaled
+pixels in [-1, 1] into SigLIP (models/vision.py), text embeddings scaled by sqrt(width) and image tokens not scaled
 (LeRobot undoes transformers' division in get_image_features), RoPE base 10000 with (first half, second half)
 pairs, positions counting real tokens only, attention scale head_dim ** -0.5.
 
@@ -76,14 +76,16 @@ from torch import nn
 
 from embodyhpc.models.pi05.shapes import Pi05Shape
 from embodyhpc.models.weights_io import (
-    SINGLE_FILE,
     KeyRule,
     LoadReport,
+    PublishedWeights,
     SafetensorsCheckpoint,
     TensorSource,
     WeightsLayoutError,
     listing,
     match_rules,
+    model_tensors,
+    plain_tensor,
     refuse_mismatches,
 )
 
@@ -93,6 +95,7 @@ LANGUAGE = PALIGEMMA + "model.language_model."
 EXPERT = "paligemma_with_expert.gemma_expert.model."
 LM_HEAD = PALIGEMMA + "lm_head.weight"
 EXPERT_LM_HEAD = "paligemma_with_expert.gemma_expert.lm_head.weight"
+LAYOUT = "openpi-pytorch-pi05"  # in the metadata of the files we write
 LEROBOT_PREFIX = "model."  # LeRobot's PI05Policy keeps the network under `model`
 # normalisation statistics older LeRobot policy files keep next to the network: not weights
 _LEROBOT_BUFFERS = ("normalize_inputs.", "normalize_targets.", "unnormalize_outputs.")
@@ -156,7 +159,7 @@ def unused_published_keys(shape: Pi05Shape) -> dict[str, tuple[int, ...]]:
 
 def published_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     """The key -> shape table that `save_pi05_weights(model, ..., placeholders=True)` writes."""
-    ours = {name: tuple(t.shape) for name, t in _model_tensors(model).items()}
+    ours = {name: tuple(t.shape) for name, t in model_tensors(model).items()}
     table = {rule.theirs: rule.their_shape(ours[rule.ours]) for rule in key_rules(model.shape)}
     return table | unused_published_keys(model.shape)
 
@@ -240,7 +243,7 @@ def to_published(state: Mapping[str, torch.Tensor], shape: Pi05Shape, *, placeho
     for rule in key_rules(shape):
         if rule.ours not in state:
             raise WeightsLayoutError(f"the state dict lacks {rule.ours!r} (is it a Pi05Policy of this shape?)")
-        tensor = rule.to_theirs(_plain(state[rule.ours]))
+        tensor = rule.to_theirs(plain_tensor(state[rule.ours]))
         out[rule.theirs] = tensor
     if placeholders:
         reference = state["embed_tokens.weight"]
@@ -250,29 +253,10 @@ def to_published(state: Mapping[str, torch.Tensor], shape: Pi05Shape, *, placeho
             for k, v in out.items()}
 
 
-def _plain(tensor: torch.Tensor) -> torch.Tensor:
-    """A plain tensor with the values of a parameter, also of a tensor subclass (torchao's float8 training wraps
-    weights in one, which safetensors cannot write)."""
-    if type(tensor) in (torch.Tensor, nn.Parameter):
-        return tensor.detach()
-    with torch.no_grad():
-        return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device).copy_(tensor)
+ADAPTER = PublishedWeights(LAYOUT, plan_load, to_published)
 
 
 # ---- the model-level API ----
-def _model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters and persistent buffers by state-dict name, without transformer-engine's `_extra_state`."""
-    return {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.endswith("_extra_state")}
-
-
-def _refuse_sharded(tensors: Mapping[str, torch.Tensor]) -> None:
-    for name, tensor in tensors.items():
-        if type(tensor).__name__ == "DTensor" or type(getattr(tensor, "data", None)).__name__ == "DTensor":
-            raise WeightsLayoutError(f"{name} is sharded (FSDP/DTensor): use "
-                                     "embodyhpc.checkpoint.sliced_weights.load_weights_sharded on every rank")
-
-
-@torch.no_grad()
 def load_pi05_weights(model: nn.Module, path_or_dir: str | Path | TensorSource, *, strict: bool = True) -> LoadReport:
     """Load published-layout pi0.5 weights (a .safetensors file, a folder with model.safetensors or a sharded
     model.safetensors.index.json, or an in-memory dict) into `model`, casting to each parameter's dtype.
@@ -281,22 +265,7 @@ def load_pi05_weights(model: nn.Module, path_or_dir: str | Path | TensorSource, 
     (tensors assigned, on the CPU). Raises WeightsLayoutError naming the keys: always for shape mismatches and pi0
     checkpoints, for missing or unexpected keys when `strict`. Sharded (FSDP) models: checkpoint.sliced_weights.
     """
-    tensors = _model_tensors(model)
-    _refuse_sharded(tensors)
-    if isinstance(path_or_dir, (str, Path)):
-        source, name = SafetensorsCheckpoint(path_or_dir), str(path_or_dir)
-    else:
-        source, name = path_or_dir, "state dict"
-    targets = {k: tuple(v.shape) for k, v in tensors.items()}
-    report, to_load = plan_load(source, model.shape, targets, strict=strict, source_name=name)
-    dtypes = {k: v.dtype for k, v in tensors.items()}
-    on_meta = any(t.is_meta for t in tensors.values())
-    if on_meta:
-        model.load_state_dict(dict(iter_converted(source, to_load, dtypes)), strict=False, assign=True)
-    else:
-        for our_name, tensor in iter_converted(source, to_load):
-            tensors[our_name].copy_(tensor)  # copy_ casts to the parameter's dtype and device
-    return report
+    return ADAPTER.load(model, path_or_dir, strict=strict)
 
 
 def save_pi05_weights(model: nn.Module, path: str | Path, *, placeholders: bool = True,
@@ -307,32 +276,4 @@ def save_pi05_weights(model: nn.Module, path: str | Path, *, placeholders: bool 
     published layout accept the file; `dtype` casts floating tensors (e.g. torch.bfloat16); `key_prefix="model."`
     names the keys as LeRobot's policy files do (openpi's have none).
     """
-    from safetensors.torch import save_file
-
-    tensors = _model_tensors(model)
-    _refuse_sharded(tensors)
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        path = path / SINGLE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    published = to_published(tensors, model.shape, placeholders=placeholders, dtype=dtype)
-    save_file({key_prefix + k: v for k, v in published.items()}, str(path),
-              metadata={"format": "pt", "layout": "openpi-pytorch-pi05"})
-    return path
-
-
-class Pi05WeightsAdapter:
-    """The spec's published-weights adapter: pi0.5's key rules for embodyhpc/checkpoint/sliced_weights.py."""
-
-    layout = "openpi-pytorch-pi05"
-
-    def plan_load(self, source: TensorSource, model: nn.Module, targets: Mapping[str, tuple[int, ...]], *,
-                  strict: bool, source_name: str) -> tuple[LoadReport, list[tuple[KeyRule, str]]]:
-        return plan_load(source, model.shape, targets, strict=strict, source_name=source_name)
-
-    def to_published(self, state: Mapping[str, torch.Tensor], model: nn.Module, *, placeholders: bool = True,
-                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        return to_published(state, model.shape, placeholders=placeholders, dtype=dtype)
-
-
-ADAPTER = Pi05WeightsAdapter()
+    return ADAPTER.save(model, path, placeholders=placeholders, dtype=dtype, key_prefix=key_prefix)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from embodyhpc.config.load import load_recipe
 from embodyhpc.errors import ConfigError
+from embodyhpc.validation import load_recipe
 from tests.helpers import run_dir_from
 
 REPO = Path(__file__).resolve().parents[3]

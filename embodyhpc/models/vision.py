@@ -1,7 +1,9 @@
-"""A SigLIP-style vision tower: patch embedding, learned positions, pre-LayerNorm ViT blocks, a final LayerNorm.
+"""A SigLIP-style vision tower shared by the model families: patch embedding, learned positions, pre-LayerNorm ViT
+blocks, a final LayerNorm.
 
-Full size is So400m/14 at 224 px (27 blocks, width 1152, MLP 4304, 16 heads): 256 tokens per camera image.
-SigLIP's pooling head is not part of it: pi0.5 feeds every patch token to the decoder.
+Full size is So400m/14 at 224 px (27 blocks, width 1152, MLP 4304, 16 heads): 256 tokens per camera image, the
+tower of pi0.5's PaliGemma and of GR00T-N1.5's Eagle 2.5. SigLIP's pooling head is not part of it: both feed every
+patch token to their language model. Pixels are mapped to [-1, 1] (SigLIP's mean = std = 0.5).
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodyhpc.models.pi05.plan import TOKEN_ALIGNMENT
-from embodyhpc.models.pi05.shapes import VisionShape
+from embodyhpc.models.shapes import TOKEN_ALIGNMENT, VisionShape
 
 
 class VisionBlock(nn.Module):

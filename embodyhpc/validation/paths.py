@@ -82,7 +82,7 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
             raise ConfigError(message, key="model.tokenizer_path", where=where("model.size"), fix=fix)
         warnings.append(f"{message}; submit refuses until it is set ({fix})")
     if training:  # what a DataLoader worker would refuse hours later: the recipe against its dataset
-        from embodyhpc.config.data_checks import check_recipe_data
+        from embodyhpc.validation.data_checks import check_recipe_data
 
         root = Path(cfg.data.root).expanduser() if cfg.data.root else None
         warnings += check_recipe_data(cfg, where, dataset_visible=root is not None and root.exists())

@@ -34,7 +34,7 @@ def _layer(where: Where, key: str) -> str | None:
 
 def check_recipe_data(cfg: Any, where: Where, *, dataset_visible: bool) -> list[str]:
     """Errors (ConfigError naming the key and the layer that set it) and warnings for a policy-training recipe;
-    nothing for the synthetic stand-in. `dataset_visible`: data.root exists on this machine (config/paths.py)."""
+    nothing for the synthetic stand-in. `dataset_visible`: data.root exists on this machine (validation/paths.py)."""
     if cfg.data.format == "synthetic" or not cfg.data.root:
         return []
     _check_action_chunk(cfg, where)
@@ -136,7 +136,7 @@ def _model_fit(cfg: Any, facts: Any, where: Where) -> list[str]:
     except ImportError as exc:  # the model's libraries are not installed here (a login node without torch)
         return [f"model {cfg.model.name}: not checked against the dataset here ({exc}); the job checks it"]
     except ConfigError as exc:
-        if exc.key == "model.tokenizer_path":  # reported by config/paths.py (unset, or carried by init weights)
+        if exc.key == "model.tokenizer_path":  # reported by validation/paths.py (unset, or carried by init weights)
             return []
         if exc.where is not None or exc.key is None:
             raise
