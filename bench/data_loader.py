@@ -93,7 +93,8 @@ def make_frames(num_frames: int, size: int, seed: int) -> np.ndarray:
 
 def write_dataset(root: Path, codec: str, *, num_episodes: int, num_frames: int, size: int, fps: int) -> float:
     """Write the synthetic dataset with our LeRobotWriter; returns seconds taken."""
-    from embodyhpc.data.writer import LeRobotWriter, VideoOptions
+    from embodyhpc.data.video_encode import VideoOptions
+    from embodyhpc.data.writer import LeRobotWriter
 
     features = {**{cam: {"dtype": "video", "shape": [size, size, 3]} for cam in CAMERAS},
                 "observation.state": {"dtype": "float32", "shape": [STATE_DIM]},

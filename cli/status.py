@@ -7,7 +7,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from embodyhpc.rundir import SUMMARY_FILE, TABLE_FILE, RunInfo, read_report, requested_evals
+from embodyhpc.rundir import SUMMARY_FILE, TABLE_FILE, read_report, requested_evals
+from embodyhpc.runinfo import RunInfo
 
 
 def _progress_text(status) -> str:

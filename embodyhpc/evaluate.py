@@ -29,7 +29,8 @@ from embodyhpc.checkpoint import layout
 from embodyhpc.checkpoint.integrity import CONFIG_FILE, DCP_METADATA, EXPORT_JSON, WEIGHTS_FILE, verify_export
 from embodyhpc.config.schema import Config, EvalConfig
 from embodyhpc.errors import UserError
-from embodyhpc.rundir import CHECKPOINTS_DIR, EXPORT_DIR, EXPORTS_DIR, RESOLVED_YAML, RUN_JSON, RunInfo
+from embodyhpc.rundir import CHECKPOINTS_DIR, EXPORT_DIR, EXPORTS_DIR, RESOLVED_YAML, RUN_JSON
+from embodyhpc.runinfo import RunInfo
 
 EXPORT_FILES = (EXPORT_JSON, CONFIG_FILE, WEIGHTS_FILE)
 SIDE_FILE_DIRS = (CHECKPOINTS_DIR, EXPORT_DIR)

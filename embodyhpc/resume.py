@@ -66,11 +66,11 @@ from embodyhpc.rundir import (
     RUN_JSON,
     RUN_JSON_VERSION,
     SPINE_STATE_FILE,
-    RunInfo,
     script_file,
     step_name,
     write_private,
 )
+from embodyhpc.runinfo import RunInfo
 from embodyhpc.runlock import RunLock, run_lock
 from embodyhpc.validation import load_config_file, load_unresolved
 

@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from embodyhpc.rundir import METRICS_FILE, RunInfo, submitit_folder
+from embodyhpc.rundir import METRICS_FILE, submitit_folder
+from embodyhpc.runinfo import RunInfo
 
 
 def log_files(info: RunInfo, kind: str | None = None) -> list[tuple[str, Path]]:

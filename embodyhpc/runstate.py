@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from embodyhpc.rundir import RUN_JSON, RunInfo, read_report
+from embodyhpc.rundir import RUN_JSON, read_report
+from embodyhpc.runinfo import RunInfo
 
 RUN_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "INTERRUPTED", "UNKNOWN",
               "DAMAGED")

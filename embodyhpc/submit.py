@@ -13,14 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from embodyhpc.rundir import (
-    SMOKE_REQUEST_FILE,
-    RunInfo,
-    new_run_dir,
-    read_report,
-    requested_evals,
-    write_json_atomic,
-)
+from embodyhpc.atomic import write_json_atomic
+from embodyhpc.rundir import SMOKE_REQUEST_FILE, new_run_dir, read_report, requested_evals
+from embodyhpc.runinfo import RunInfo
 
 if TYPE_CHECKING:
     from embodyhpc.config.load import LoadedRecipe

@@ -58,7 +58,7 @@ def test_status_of_a_folder_that_is_not_a_run(cli, tmp_path):
 
 def test_status_and_logs_of_a_local_run_record(cli, tmp_path):
     """status/logs read run.json and submitit's files; no job needed to check the formatting."""
-    from embodyhpc.rundir import JobRecord, RunInfo
+    from embodyhpc.runinfo import JobRecord, RunInfo
 
     (tmp_path / "submitit").mkdir()
     (tmp_path / "submitit" / "77_0_log.out").write_text("hello from rank 0\n")

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from embodyhpc.checkpoint import layout
-from embodyhpc.rundir import RUN_JSON_VERSION, JobRecord, RunInfo, make_run_dir, write_private
+from embodyhpc.rundir import RUN_JSON_VERSION, make_run_dir, write_private
+from embodyhpc.runinfo import JobRecord, RunInfo
 from embodyhpc.validation import load_recipe
 from tests.helpers import run_dir_from
 

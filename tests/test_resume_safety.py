@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from embodyhpc.checkpoint import layout
-from embodyhpc.rundir import RunInfo, write_private
+from embodyhpc.rundir import write_private
+from embodyhpc.runinfo import RunInfo
 from embodyhpc.runlock import RunLock
 from tests.test_resume import demo_checkpoint_template, fake_run, refused  # noqa: F401 (a session fixture)
 

@@ -267,7 +267,7 @@ def _moved_local_run(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_a_moved_run_folder_is_read_where_it_is(cli, tmp_path):
-    from embodyhpc.rundir import RunInfo
+    from embodyhpc.runinfo import RunInfo
 
     old, new = _moved_local_run(tmp_path)
     status = cli("status", str(new))
@@ -461,7 +461,8 @@ def test_logs_follow_without_sacct_prints_everything_then_stops_with_one_line(cl
 def test_run_json_carries_its_schema_version_and_an_older_one_still_reads(tmp_path):
     """New files say which layout they use; a file from before the version existed reads as version 1, and saving
     it again writes the current version (with every known field)."""
-    from embodyhpc.rundir import RUN_JSON_VERSION, RunInfo
+    from embodyhpc.rundir import RUN_JSON_VERSION
+    from embodyhpc.runinfo import RunInfo
 
     run = tmp_path / "run"
     run.mkdir()
@@ -476,7 +477,7 @@ def test_run_json_carries_its_schema_version_and_an_older_one_still_reads(tmp_pa
 
 def test_a_newer_schema_version_with_new_fields_reads_and_a_wrong_type_is_refused(tmp_path):
     from embodyhpc.errors import RunDirError
-    from embodyhpc.rundir import RunInfo
+    from embodyhpc.runinfo import RunInfo
 
     run = tmp_path / "run"
     run.mkdir()
@@ -506,7 +507,7 @@ def test_an_atomic_write_that_fails_leaves_the_old_file_and_no_temp_file(tmp_pat
 
 
 def test_attempts_numbered_as_resume_records_them_read_back(tmp_path):
-    from embodyhpc.rundir import RunInfo
+    from embodyhpc.runinfo import RunInfo
 
     run = tmp_path / "run"
     run.mkdir()

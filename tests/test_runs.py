@@ -162,7 +162,7 @@ def test_status_of_an_interrupted_local_run(cli, root):
 def test_a_live_resumed_local_run_is_running_not_interrupted(cli, tmp_path):
     """A local run submitted days ago and resumed now: its driver (this process) started after the first attempt
     was created, before the resumed one was; the newest attempt's time is what the driver is judged by."""
-    from embodyhpc.rundir import JobRecord, RunInfo
+    from embodyhpc.runinfo import JobRecord, RunInfo
 
     root = tmp_path / "runs"
     days_ago = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(time.time() - 10 * 86400))

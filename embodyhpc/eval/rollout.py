@@ -59,7 +59,7 @@ class EpisodeVideo:
 
     def write(self, frame: np.ndarray) -> None:
         if self._writer is None:
-            from embodyhpc.data.writer import VideoFileWriter, VideoOptions
+            from embodyhpc.data.video_encode import VideoFileWriter, VideoOptions
 
             height, width = frame.shape[:2]
             if height % 2 or width % 2:

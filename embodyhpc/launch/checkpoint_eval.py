@@ -29,7 +29,8 @@ from pathlib import Path
 
 from embodyhpc.checkpoint import layout
 from embodyhpc.config.schema import Config
-from embodyhpc.rundir import RESOLVED_YAML, RunInfo, eval_run_dir, make_run_dir
+from embodyhpc.rundir import RESOLVED_YAML, eval_run_dir, make_run_dir
+from embodyhpc.runinfo import RunInfo
 
 
 def evaluates_step(config: Config, step: int) -> bool:

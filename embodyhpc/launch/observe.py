@@ -24,7 +24,7 @@ from typing import Any
 
 from embodyhpc.config.schema import Config
 from embodyhpc.errors import REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE
-from embodyhpc.rundir import RunInfo
+from embodyhpc.runinfo import RunInfo
 
 
 def node_name() -> str:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from embodyhpc.atomic import write_json_atomic
 from embodyhpc.checkpoint import layout
 from embodyhpc.eval.shards import all_episodes
 from embodyhpc.evaluate import evaluated_checkpoint
@@ -36,11 +37,10 @@ from embodyhpc.rundir import (
     SUMMARY_FILE,
     TABLE_FILE,
     VIDEOS_DIR,
-    RunInfo,
     shard_file,
     shard_files,
-    write_json_atomic,
 )
+from embodyhpc.runinfo import RunInfo
 from embodyhpc.validation import load_resolved
 
 

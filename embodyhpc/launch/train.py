@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from embodyhpc.atomic import write_json_atomic
 from embodyhpc.config.schema import CheckpointConfig, Config, DataConfig, StagingConfig, TrainConfig
 from embodyhpc.launch import distributed, observe
 from embodyhpc.rundir import (
@@ -42,7 +43,6 @@ from embodyhpc.rundir import (
     RESULT_FILE,
     SPINE_STATE_FILE,
     replace_atomically,
-    write_json_atomic,
 )
 from embodyhpc.train.preempt import Requeued, Stopped, StopSignal
 from embodyhpc.validation import load_resolved

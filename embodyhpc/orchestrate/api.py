@@ -18,7 +18,8 @@ from embodyhpc.config.load import LoadedRecipe
 from embodyhpc.evaluate import evaluated_checkpoint
 from embodyhpc.orchestrate.plan import Plan, chain_plan
 from embodyhpc.plugins import import_name
-from embodyhpc.rundir import RESOLVED_YAML, JobRecord, RunInfo, requested_evals, write_private
+from embodyhpc.rundir import RESOLVED_YAML, requested_evals, write_private
+from embodyhpc.runinfo import JobRecord, RunInfo
 
 Progress = Callable[[str], None]
 

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 from embodyhpc.environ import patched_environ
 from embodyhpc.plugins import import_name
-from embodyhpc.rundir import RESOLVED_YAML, JobRecord, RunInfo, requested_evals, submitit_folder, write_private
+from embodyhpc.rundir import RESOLVED_YAML, requested_evals, submitit_folder, write_private
+from embodyhpc.runinfo import JobRecord, RunInfo
 
 if TYPE_CHECKING:
     from embodyhpc.orchestrate.plan import Job, Plan

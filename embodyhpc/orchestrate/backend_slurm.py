@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from embodyhpc.plugins import import_name
-from embodyhpc.rundir import JobRecord, RunInfo, submitit_folder, write_private
+from embodyhpc.rundir import submitit_folder, write_private
+from embodyhpc.runinfo import JobRecord, RunInfo
 from embodyhpc.slurm import commands
 from embodyhpc.slurm.executor import RecipeExecutor
 

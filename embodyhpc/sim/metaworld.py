@@ -41,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from embodyhpc.data.writer import LeRobotWriter, VideoOptions, dataset_size_bytes
+from embodyhpc.data.video_encode import VideoOptions
+from embodyhpc.data.writer import LeRobotWriter, dataset_size_bytes
 from embodyhpc.errors import RunFailure, UserError
 
 MT10_TASKS = (

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from embodyhpc.errors import SlurmError
-from embodyhpc.rundir import RunInfo
+from embodyhpc.runinfo import RunInfo
 from embodyhpc.slurm import commands
 
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")

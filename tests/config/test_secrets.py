@@ -311,7 +311,8 @@ def test_a_credential_built_by_interpolation_is_refused(cli, tmp_path, monkeypat
 def test_credentials_in_a_misplaced_option_or_a_refused_resume_are_masked(cli, tmp_path):
     line = _assert_rejected(cli("validate", DEMO, f"--tracking.mlflow_uri=http://alice:{VALUE}@mlflow.example"))
     assert "alice:***@mlflow.example" in line
-    from embodyhpc.rundir import JobRecord, RunInfo, make_run_dir
+    from embodyhpc.rundir import make_run_dir
+    from embodyhpc.runinfo import JobRecord, RunInfo
 
     run = tmp_path / "runs" / "exp" / "run-1"
     assert make_run_dir(run)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from embodyhpc.data import DatasetError, detect_format, open_dataset
-from embodyhpc.data.writer import LeRobotWriter, VideoOptions
+from embodyhpc.data.video_encode import VideoOptions
+from embodyhpc.data.writer import LeRobotWriter
 from tests.data.conftest import SAMPLE_ROOT
 
 FPS = 10

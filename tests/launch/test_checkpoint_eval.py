@@ -10,7 +10,8 @@ from embodyhpc.checkpoint import layout
 from embodyhpc.launch import checkpoint_eval
 from embodyhpc.launch.export import export_task
 from embodyhpc.orchestrate.plan import chain_kinds
-from embodyhpc.rundir import RunInfo, requested_evals
+from embodyhpc.rundir import requested_evals
+from embodyhpc.runinfo import RunInfo
 from embodyhpc.slurm.executor import without_job_environment
 from embodyhpc.validation import load_recipe, load_resolved
 

@@ -16,7 +16,8 @@ from datetime import datetime
 import pytest
 
 from embodyhpc.checkpoint import layout
-from embodyhpc.rundir import RunInfo, requested_evals
+from embodyhpc.rundir import requested_evals
+from embodyhpc.runinfo import RunInfo
 from tests.helpers import run_dir_from
 from tests.launch.demo import PI05_EPISODES_PER_TASK, embodyhpc
 

@@ -129,7 +129,7 @@ def test_eval_local_names_why_the_shards_failed(cli, training_run, runs_root):
 
 
 def _record(run: Path, report: dict | None, jobs: dict[str, dict]) -> None:
-    from embodyhpc.rundir import JobRecord, RunInfo
+    from embodyhpc.runinfo import JobRecord, RunInfo
 
     (run / "eval").mkdir(parents=True, exist_ok=True)
     RunInfo(run_id=run.name, run_dir=str(run), backend="local", recipe="x", site=None, overrides=[], python="py",

@@ -16,7 +16,8 @@ import pytest
 
 from embodyhpc.orchestrate import api, backend_local, backend_slurm
 from embodyhpc.orchestrate.plan import chain_plan
-from embodyhpc.rundir import JobRecord, RunInfo, make_run_dir
+from embodyhpc.rundir import make_run_dir
+from embodyhpc.runinfo import JobRecord, RunInfo
 from embodyhpc.validation import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]

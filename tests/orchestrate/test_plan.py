@@ -11,7 +11,8 @@ from embodyhpc.orchestrate.api import start_run
 from embodyhpc.orchestrate.backend_local import LocalBackend
 from embodyhpc.orchestrate.backend_slurm import dependency_args
 from embodyhpc.orchestrate.plan import TASKS, JobSpec, chain_specs, make_plan, resolve_task
-from embodyhpc.rundir import RunInfo, make_run_dir
+from embodyhpc.rundir import make_run_dir
+from embodyhpc.runinfo import RunInfo
 from embodyhpc.validation import load_recipe
 
 RECIPE = "recipes/smoke_cpu.yaml"

@@ -8,7 +8,8 @@ from datetime import datetime
 
 import pytest
 
-from embodyhpc.rundir import RunInfo, requested_evals
+from embodyhpc.rundir import requested_evals
+from embodyhpc.runinfo import RunInfo
 from embodyhpc.slurm import commands
 from tests.helpers import run_dir_from, statuses, wait_for
 

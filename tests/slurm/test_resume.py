@@ -8,7 +8,7 @@ import json
 import pytest
 
 from embodyhpc.checkpoint import layout
-from embodyhpc.rundir import RunInfo
+from embodyhpc.runinfo import RunInfo
 from embodyhpc.tracking.mlflow_run import client, tracking_uri
 from embodyhpc.validation import load_resolved
 from tests.helpers import run_dir_from, statuses, wait_for

@@ -27,7 +27,7 @@ def test_array_summary():
 
 
 def test_array_elements_sacct_has_not_reported_count_as_pending(monkeypatch):
-    from embodyhpc.rundir import JobRecord, RunInfo
+    from embodyhpc.runinfo import JobRecord, RunInfo
     from embodyhpc.slurm import status
 
     rows = {"5": [{"JobID": "5_0", "State": "COMPLETED", "ExitCode": "0:0", "Reason": "None"}]}
@@ -41,7 +41,7 @@ def test_array_elements_sacct_has_not_reported_count_as_pending(monkeypatch):
 
 def test_a_run_and_its_evaluations_are_read_with_one_sacct_and_one_squeue(monkeypatch):
     """`embodyhpc status` of a run with in-training evaluations asks Slurm once, not once per evaluation."""
-    from embodyhpc.rundir import JobRecord, RunInfo
+    from embodyhpc.runinfo import JobRecord, RunInfo
     from embodyhpc.slurm import status
 
     calls: list[list[str]] = []

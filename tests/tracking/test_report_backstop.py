@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from embodyhpc.launch.report import report_task
-from embodyhpc.rundir import JobRecord, RunInfo, make_run_dir, write_private
+from embodyhpc.rundir import make_run_dir, write_private
+from embodyhpc.runinfo import JobRecord, RunInfo
 from embodyhpc.tracking import mlflow_run as mr
 from embodyhpc.tracking.mlflow_sink import MlflowMetricsSink
 from embodyhpc.validation import load_recipe

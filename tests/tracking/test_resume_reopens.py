@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from embodyhpc.rundir import RunInfo
+from embodyhpc.runinfo import RunInfo
 from embodyhpc.tracking import mlflow_run as mr
 from tests.test_resume import fake_run
 
