@@ -92,8 +92,28 @@ def recipes_list() -> None:
 
 @recipes_app.command("show", short_help="Print a recipe fully resolved.")
 def recipes_show(recipe: Recipe, overrides: Overrides = None, site: Site = None) -> None:
-    """Print a recipe fully resolved (defaults, base recipes, site, overrides)."""
-    typer.echo(_load(recipe, overrides, site).to_yaml(), nl=False)
+    """Print a recipe fully resolved (defaults, base recipes, site, overrides). Values it leaves `???` (yours to set)
+    are shown as `???` and named on stderr."""
+    from embodyhpc.config.load import UNREAD
+    from embodyhpc.errors import ConfigError
+
+    missing: list[str] = []
+    while True:  # each `???` key in turn, until the rest loads (a recipe has a handful at most)
+        try:
+            text = _load(recipe, overrides, site, unread=tuple(missing)).to_yaml()
+            break
+        except ConfigError as exc:
+            if not exc.message.startswith("missing value") or not exc.key or exc.key in missing:
+                raise
+            missing.append(exc.key)
+    lines = []
+    for line in text.splitlines():  # the placeholder stands where the value goes: the recipe's own `???` again
+        head, sep, value = line.rpartition(": ")
+        lines.append(f"{head}{sep}???  # must be set" if sep and value.strip("'\"") == UNREAD else line)
+    typer.echo("\n".join(lines) + "\n", nl=False)
+    if missing:
+        typer.echo(f"note: {', '.join(missing)}: yours to set (??? above), e.g. "
+                   f"{' '.join(f'{key}=...' for key in missing)}", err=True)
 
 
 @app.command(short_help="Check a recipe; print the resolved job shape.")
@@ -342,6 +362,8 @@ def runs(
     from .runs import runs_json, runs_text
 
     listing = list_runs(find_root(site, runs_root), experiment=experiment, state=state)
+    if listing.note and not as_json:  # the JSON holds it; the table on stdout stays a table
+        typer.echo(f"note: {listing.note}", err=True)
     typer.echo(runs_json(listing) if as_json else runs_text(listing), nl=False)
 
 
@@ -431,7 +453,7 @@ def doctor(
     """Preflight this node: GPUs (NVML), InfiniBand/RoCE ports, filesystems, NVMe, NCCL environment. With a RECIPE,
     only what it uses is judged: NVMe only when it stages its dataset; a run on this machine needs no shared runs
     root and no network profile."""
-    from .doctor import doctor_report
+    from .doctor import doctor_report, login_node, slurm_reason
 
     loaded = _load(recipe, overrides, site) if recipe else None
     if loaded is not None and not local:
@@ -440,8 +462,11 @@ def doctor(
         answers, why = reachable()
         if not answers:  # where submit would run the chain here, judge it as such
             local = True
-            typer.echo(f"note: no Slurm cluster reachable ({why}): judged for a run on this machine", err=True)
-    text, code = doctor_report(loaded, as_json=as_json, suggest=suggest, probe_bytes=probe_mb << 20, local=local)
+            typer.echo(f"note: no Slurm cluster reachable ({slurm_reason(why)}): judged for a run on this machine",
+                       err=True)
+    login = not local and login_node()  # by hand where jobs are submitted to Slurm, not where they run
+    text, code = doctor_report(loaded, as_json=as_json, suggest=suggest, probe_bytes=probe_mb << 20, local=local,
+                               login=login)
     typer.echo(text, nl=False)
     raise typer.Exit(code)
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 from embodyhpc.runstate import RunListing, RunSummary, TrainProgress
+
+from .table import terminal_width
 
 
 def format_duration(seconds: float) -> str:
@@ -46,34 +49,56 @@ def progress_json(progress: TrainProgress | None) -> dict | None:
     return {**dataclasses.asdict(progress), "eta_s": progress.eta_s}
 
 
-def _printable(text: str) -> str:
-    """Folder names come from the filesystem, where anyone may have put an escape sequence: shown as '?'."""
-    return "".join(c if c.isprintable() else "?" for c in text)
+def runs_text(listing: RunListing, width: int | None = None) -> str:
+    """The runs as a table that fits `width` columns (the terminal's): where the full one does not, the success
+    loses its episode count, RUN shows the folder name alone (what RUN arguments accept, when no two experiments
+    hold the same name), AGE goes (the name holds the start time), then the state its job; names are never cut.
+    The sacct note is the caller's, for stderr (listing.note)."""
+    from .table import printable
 
-
-def runs_text(listing: RunListing) -> str:
+    width = terminal_width() if width is None else width
     rows = listing.rows
-    lines = [listing.note] if listing.note else []
+    lines = []
     if not rows:
         lines.append("no runs")
     else:
-        header = ("RUN", "STATE", "STEPS", "SUCCESS", "AGE")
-        table = [header] + [(_printable(row.name), _state_cell(row), _steps_cell(row), _printable(row.success or "-"),
-                             format_duration(row.age_s) if row.age_s is not None else "-") for row in rows]
-        widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
+        folders = [row.name.rpartition("/")[2] for row in rows]
+        unique = len(set(folders)) == len(folders)
+        for compact in range(5):
+            names = folders if compact >= 2 and unique else [row.name for row in rows]
+            header = ("RUN", "STATE", "STEPS", "SUCCESS", "AGE")[:5 if compact < 3 else 4]
+            table = [header] + [tuple(printable(cell) for cell in (
+                name, _state_cell(row, job=compact < 4), _steps_cell(row),
+                _success_cell(row.success, full=compact < 1),
+                format_duration(row.age_s) if row.age_s is not None else "-"))[:len(header)]
+                for name, row in zip(names, rows, strict=True)]
+            widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+            if sum(widths) + 2 * (len(widths) - 1) <= width:
+                break
         for r in table:
-            lines.append("  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=False)) + "  " + r[-1])
-        lines += [_printable(f"{row.name}: {row.reason}") for row in rows if row.state == "DAMAGED"]
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+        lines += [printable(f"{row.name}: {row.reason}") for row in rows if row.state == "DAMAGED"]
     if listing.unreadable:
         count = len(listing.unreadable)
-        lines.append(_printable(f"not listed: {count} folder{'s' if count > 1 else ''} you cannot read (other "
-                                f"users' private runs; owner{'s' if len(listing.owners) > 1 else ''} "
-                                f"{', '.join(listing.owners)})"))
+        lines.append(printable(f"not listed: {count} folder{'s' if count > 1 else ''} you cannot read (other "
+                               f"users' private runs; owner{'s' if len(listing.owners) > 1 else ''} "
+                               f"{', '.join(listing.owners)})"))
     return "\n".join(lines) + "\n"
 
 
-def _state_cell(row: RunSummary) -> str:
-    return f"{row.state} ({row.job})" if row.job and row.state not in ("COMPLETED", "DAMAGED") else row.state
+def _success_cell(success: str | None, *, full: bool) -> str:
+    """The report's headline ("0.85 [0.71, 0.93] (40/40 episodes)"); short: the rate and its interval only."""
+    if not success:
+        return "-"
+    if full:
+        return success
+    match = re.match(r"\S+( \[[^\]]*\])?", success)
+    return match.group(0) if match else success
+
+
+def _state_cell(row: RunSummary, *, job: bool = True) -> str:
+    shown = job and row.job and row.state not in ("COMPLETED", "DAMAGED")
+    return f"{row.state} ({row.job})" if shown else row.state
 
 
 def _steps_cell(row: RunSummary) -> str:

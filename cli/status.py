@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 from embodyhpc.rundir import SUMMARY_FILE, TABLE_FILE, read_report, requested_evals
 from embodyhpc.runinfo import RunInfo
+
+from .table import aligned, terminal_width
 
 
 def _progress_text(status) -> str:
@@ -22,7 +25,7 @@ def _progress_text(status) -> str:
     return status.reason or "" if status.state != "COMPLETED" else ""
 
 
-def status_report(run_dir: Path, *, as_json: bool = False) -> str:
+def status_report(run_dir: Path, *, as_json: bool = False, width: int | None = None, mlflow: bool = True) -> str:
     from embodyhpc.errors import RunDirError
     from embodyhpc.runstate import chain_states, run_state, train_progress
 
@@ -58,19 +61,24 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
         return json.dumps({"run_dir": info.run_dir, "backend": info.backend,
                            "states_from": "slurm" if from_disk is None and info.backend == "slurm" else "disk",
                            "note": note, "state": state, "state_of": job, "progress": progress_json(progress),
-                           "attempt": info.attempt, "jobs": [dataclasses.asdict(s) for s in statuses],
-                           "attempts": attempts, "report": report, "evals": by_eval}, indent=2) + "\n"
+                           "attempt": info.attempt, "mlflow_run_id": info.mlflow_run_id,
+                           "jobs": [dataclasses.asdict(s) for s in statuses], "attempts": attempts,
+                           "report": report, "evals": by_eval}, indent=2) + "\n"
+    width = terminal_width() if width is None else width
     lines = [f"run {info.run_dir} ({info.backend}; {info.recipe}" + (f" + {info.site})" if info.site else ")")]
-    lines += [note] if note else []
-    lines.append(f"{'JOB':<7} {'ID':<10} {'STATE':<11} {'EXIT':<5} {'NODES':<10} PROGRESS / REASON")
-    several = len(info.attempts) > 0
-    for attempt, jobs in zip(info.all_attempts(), [*attempt_statuses, statuses], strict=True):
-        if several:
+    lines += textwrap.wrap(note, width, subsequent_indent="  ") if note else []
+    header = ("JOB", "ID", "STATE", "EXIT", "NODES", "PROGRESS / REASON")
+    groups = list(zip(info.all_attempts(), [*attempt_statuses, statuses], strict=True))
+    rows = [(s.kind, s.job_id or "-", s.state, "-" if s.exit_code is None else str(s.exit_code),
+             "-" if s.nodes in (None, "", "None assigned") else s.nodes,  # sacct's words for a pending job's
+             _progress_text(s)) for _, jobs in groups for s in jobs]
+    head, *table = aligned(header, rows, width, squeeze=4)  # a hostlist too long is cut, never a state
+    lines += head
+    for attempt, jobs in groups:
+        if len(groups) > 1:
             lines.append(_attempt_line(attempt))
-        for s in jobs:
-            code = "-" if s.exit_code is None else str(s.exit_code)
-            lines.append(f"{s.kind:<7} {s.job_id or '-':<10} {s.state:<11} {code:<5} {s.nodes or '-':<10} "
-                         f"{_progress_text(s)}".rstrip())
+        for _ in jobs:
+            lines += table.pop(0)
     if progress is not None:
         lines.append(f"training: {progress_text(progress, running=training)}")
     lines += _report_lines(report)
@@ -82,7 +90,23 @@ def status_report(run_dir: Path, *, as_json: bool = False) -> str:
         lines.append(f"  {path.name}: {jobs or 'not submitted'}")
         lines += ["  " + line for line in _report_lines(read_report(path))]
     lines += [f"  {name}: {why}" for name, why in sorted(broken.items())]
+    lines += _mlflow_lines(info) if mlflow else []
     return "\n".join(lines) + "\n"
+
+
+def _mlflow_lines(info: RunInfo) -> list[str]:
+    """Where the run's MLflow dashboards are: the one line `submit` printed (the UI address of the run's page)."""
+    if not info.mlflow_run_id:
+        return []
+    try:
+        from embodyhpc.tracking.mlflow_run import tracking_uri, ui_hint
+        from embodyhpc.validation import load_resolved
+
+        config = load_resolved(Path(info.run_dir))
+        hint = ui_hint(tracking_uri(config.tracking, config.job.runs_root), info.mlflow_run_id)
+    except Exception as exc:  # status answers even where the recipe or the store cannot be read
+        return [f"MLflow run {info.mlflow_run_id} (no link: {' '.join(str(exc).split())[:200]})"]
+    return [f"MLflow run {info.mlflow_run_id}: {hint}"]
 
 
 def _attempt_line(attempt) -> str:
@@ -116,19 +140,11 @@ def _report_lines(report: dict | None) -> list[str]:
 def local_summary(run_dir: Path) -> str:
     """After a local chain: the job states, the success table and where to look next."""
 
-    lines = [status_report(run_dir).rstrip("\n")]
+    lines = [status_report(run_dir, mlflow=False).rstrip("\n")]
     table = Path(run_dir) / TABLE_FILE
     if table.is_file():
         lines += ["", table.read_text().rstrip("\n"), "", f"summary: {Path(run_dir) / SUMMARY_FILE}"]
-    info = RunInfo.load(run_dir)
-    if info.mlflow_run_id:
-        from embodyhpc.tracking.mlflow_run import tracking_uri, ui_hint
-        from embodyhpc.validation import load_resolved
-
-        config = load_resolved(run_dir)
-        lines.append(f"MLflow run {info.mlflow_run_id}: "
-                     f"{ui_hint(tracking_uri(config.tracking, config.job.runs_root), info.mlflow_run_id)}")
-    return "\n".join(lines)
+    return "\n".join(lines + _mlflow_lines(RunInfo.load(run_dir)))
 
 
 def print_logs(run_dir: Path, kind: str | None, *, follow: bool = False) -> Iterator[str]:

@@ -15,6 +15,9 @@ from embodyhpc.errors import RunDirError
 from embodyhpc.job_ids import JOB_ID
 from embodyhpc.rundir import EVALS_DIR, RUN_JSON, RUN_JSON_VERSION, shown, unreadable_error
 
+EVALUATION_JOBS = frozenset({"export", "eval", "report"})
+"""The jobs of an evaluation of weights that exist (no train job)."""
+
 
 @dataclass
 class JobRecord:
@@ -76,6 +79,16 @@ class RunInfo:
     """When the newest attempt started (None: `created`, the submit)."""
     attempts: list[Attempt] = field(default_factory=list)
     """The earlier attempts, oldest first, each with its jobs."""
+
+    @property
+    def kind(self) -> str:
+        """What the run is, from its record: "checkpoint_eval" (an evaluation training asked for: parent_run),
+        "eval" (`embodyhpc eval --ckpt`: a chain of export, eval and report jobs, no training), else "train" (a run
+        whose jobs are not recorded yet counts as training; smoke runs too)."""
+        if self.parent_run:
+            return "checkpoint_eval"
+        jobs = {kind for attempt in self.all_attempts() for kind in attempt.jobs}
+        return "eval" if jobs and jobs <= EVALUATION_JOBS else "train"
 
     def all_attempts(self) -> list[Attempt]:
         """Every attempt, oldest first, the newest made of this record's own fields."""

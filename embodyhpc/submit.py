@@ -95,10 +95,10 @@ def find_run(ref: str | Path, runs_root: str | Path) -> Path:
     found = scan_runs(runs_root)
     root, runs = found.root, found.runs
     where = f"RUN '{shown(text)}'"
-    if text == LATEST:
+    if text == LATEST:  # your newest training run; your newest evaluation (`eval --ckpt`) only if that is all
         mine = [run for run in runs if owned(run)]
         if mine:
-            return mine[0]
+            return next((run for run in mine if not _is_evaluation(run)), mine[0])
         others = f" yet ({len(runs)} of other users)" if runs else " yet"
         raise RunDirError(f"there is no run {'of yours ' if runs else ''}under {root}{others}", where=where,
                           fix="submit one, or point --runs-root (or --site) at the runs root that holds yours")
@@ -132,6 +132,17 @@ def find_run(ref: str | Path, runs_root: str | Path) -> Path:
         hint += f"; {unsearched} folder{'s' if unsearched > 1 else ''} there you cannot read not searched"
     raise RunDirError(f"no run of that name under {root} ({hint})", where=where,
                       fix="`embodyhpc runs` lists them; --runs-root (or --site) picks another runs root")
+
+
+def _is_evaluation(run: Path) -> bool:
+    """Whether a run folder holds an evaluation of existing weights (RunInfo.kind); an unreadable run.json counts
+    as training (`latest` may then name it, and the command says what is wrong)."""
+    from embodyhpc.runinfo import RunInfo
+
+    try:
+        return RunInfo.load(run).kind != "train"
+    except Exception:  # noqa: BLE001 - a damaged run.json is reported by the command that reads it
+        return False
 
 
 _PLAIN_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]*$")

@@ -315,7 +315,9 @@ def test_status_without_sacct_falls_back_to_the_states_on_disk(cli, tmp_path, sl
     assert text.code == 0, text.err
     assert "come from disk" in text.out and "Connection refused" in text.out and "sacct: error" not in text.out
     assert "Traceback" not in text.err and _calls(slurm_doubles, "squeue") == []  # no 18 s squeue retry
-    assert [line.split()[2] for line in text.out.splitlines()[3:6]] == ["UNKNOWN"] * 3
+    lines = text.out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["JOB", "ID", "STATE"])
+    assert [line.split()[2] for line in lines[header + 1:header + 4]] == ["UNKNOWN"] * 3
     (run / "eval" / "report.json").write_text(json.dumps({
         "outcome": "train_failed", "why": "training did not finish", "train": {"state": "FAILED"},
         "eval": {"state": "CANCELLED"}, "headline": {}}))

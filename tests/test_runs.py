@@ -106,6 +106,7 @@ def test_runs_lists_state_steps_success_and_age(cli, root, monkeypatch):
     assert gone["state"] == "INTERRUPTED" and "ended before the chain did" in gone["reason"]
     failed = found["abl/abl-20261125-080000"]
     assert (failed["state"], failed["job"], failed["reason"]) == ("FAILED", "train", "ValueError: x")
+    monkeypatch.setenv("COLUMNS", "120")  # the full table (a narrow terminal's: tests/test_cli_terminal.py)
     text = cli("runs", "--runs-root", str(root)).out.splitlines()
     assert text[0].split() == ["RUN", "STATE", "STEPS", "SUCCESS", "AGE"]
     assert text[3].split()[:4] == ["demo/demo-20261125-100000", "COMPLETED", "100/100", "0.85"]

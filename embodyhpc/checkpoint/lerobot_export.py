@@ -41,8 +41,11 @@ def _has_writer(name: str) -> bool:
         return False
 
 
-def export_lerobot(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, execute_steps: int = 50) -> Path:
-    """Write `out_dir` (the family's LeRobot policy folder) from a verified embodyhpc export; returns out_dir."""
+def export_lerobot(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, execute_steps: int = 50,
+                   strict: bool = True) -> Path:
+    """Write `out_dir` (the family's LeRobot policy folder) from a verified embodyhpc export; returns out_dir. The
+    family's writer refuses, in one line, what stock LeRobot cannot load (strict=False: only what its layout cannot
+    hold; the tests of a layout at a tiny size)."""
     from embodyhpc.checkpoint.export import load_checked_export
 
     export_dir, out_dir = Path(export_dir), Path(out_dir)
@@ -51,7 +54,7 @@ def export_lerobot(export_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     state, _, config, meta = load_checked_export(export_dir)
     write = lerobot_writer(config.model.name, str(export_dir))
     write(out_dir, state, meta, config.model, policy_io=read_policy_io(export_dir),
-          normalizer=saved_normalizer(export_dir), execute_steps=execute_steps)
+          normalizer=saved_normalizer(export_dir), execute_steps=execute_steps, **({} if strict else {"strict": False}))
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         if (export_dir / name).is_file():

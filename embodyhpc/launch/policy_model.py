@@ -67,16 +67,17 @@ def io_spec(export_dir: Path) -> tuple[list, list]:
     return inputs, [(ACTIONS_OUTPUT, "float32", (-1, config.model.action_horizon, action_dim))]
 
 
-def log_training_model(uri: str, run_id: str, export_dir: str | Path) -> str | None:
-    """Log the export as the run's logged model; its id, or None (with a warning) when that failed."""
-    from embodyhpc.tracking.logged_model import log_pyfunc_model
+def log_training_model(uri: str, run_id: str, export_dir: str | Path, step: int = 0) -> str | None:
+    """Log the export (of training step `step`) as the run's logged model, the run's output at that step; its id,
+    or None (with a warning) when that failed."""
+    from embodyhpc.tracking.logged_model import EXPORT_TAG, log_pyfunc_model
 
     export_dir = Path(export_dir)
     try:
         inputs, outputs = io_spec(export_dir)
         model_id = log_pyfunc_model(uri, run_id, name=MODEL_NAME, python_model=PolicyModel(),
                                     artifacts={EXPORT_ARTIFACT: str(export_dir)}, inputs=inputs, outputs=outputs,
-                                    requirements=["embodyhpc"], tags={"embodyhpc.export": str(export_dir)})
+                                    requirements=["embodyhpc"], tags={EXPORT_TAG: str(export_dir)}, step=step)
     except Exception as exc:  # noqa: BLE001 - the model record is a convenience; the export on disk is the result
         print(f"train: warning: the export {export_dir} was not logged as an MLflow model of run {run_id}: "
               f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

@@ -11,9 +11,11 @@ run are recorded as such. Outputs, under eval/:
                     of a checkpoint while training ran (run.json's parent_run) writes its line into the training
                     run's history instead, so that run's success-vs-step plot holds every step evaluated
 
-and, with tracking on (embodyhpc.tracking.evaluation): the headline success rates and intervals on the training
-run at the checkpoint step, and a child MLflow run of it with every statistic per task, the evaluation's
-parameters and times, the plots, the summary and the rollout videos.
+and, with tracking on (embodyhpc.tracking.evaluation): the trained policy's success rate, interval and per-task
+rates on the training run at the checkpoint step with the result table in its description, and a child MLflow run
+of it with every statistic per task, the evaluation's parameters and times, the plots, the summary and the rollout
+videos. An `eval --ckpt` (RunInfo.kind "eval") logs its child run only, named with its settings and tagged with the
+weights it read: the training run's curve and result stay as training's own evaluations made them.
 """
 
 from __future__ import annotations
@@ -192,10 +194,13 @@ def _log_to_mlflow(config: Any, info: RunInfo, report: dict[str, Any], outputs: 
             artifacts.append((run / VIDEOS_DIR, "videos"))
         start_ms, end_ms = _evaluation_times(shard_files(run))
         params = eval_params(config.eval, step=step, weights=weights_dir(config, run), tasks=planned_tasks(config))
+        checkpoint = evaluated_checkpoint(config.eval)
+        checkpoint_tag = {"embodyhpc.checkpoint": str(checkpoint)} if checkpoint is not None else {}
+        # `eval --ckpt` is a record of its own: never a point of the training run's curve nor its result
         child = log_evaluation(uri, info.mlflow_run_id, step=step, results=report["results"], params=params,
                                outcome=report["outcome"], why=report["why"], summary=outputs.get("summary"),
                                artifacts=artifacts, start_ms=start_ms, end_ms=end_ms,
-                               tags={"embodyhpc.run_dir": str(run)})
+                               tags={"embodyhpc.run_dir": str(run), **checkpoint_tag}, adhoc=info.kind == "eval")
         if report["outcome"] == "train_failed" and not info.parent_run:
             _log_failure_logs(uri, info, run)
             set_terminated(uri, info.mlflow_run_id, "FAILED", only_if_active=True, reason=report["why"])

@@ -113,7 +113,8 @@ def train_task(run_dir: str) -> dict:
         if result.get("export_path") and tracking.sink is not None:  # off the critical path: a warning at worst
             from embodyhpc.launch.policy_model import log_training_model
 
-            log_training_model(tracking.uri, tracking.run_id, Path(result["export_path"]).parent)
+            log_training_model(tracking.uri, tracking.run_id, Path(result["export_path"]).parent,
+                               step=int(result.get("steps") or 0))
     # Training is done: a time-limit warning arriving now means nothing. Ignore it for the rest of the process,
     # because at interpreter shutdown CPython puts Python-level handlers back to the default (terminate), and a
     # late USR2 would then kill a finished task and turn a COMPLETED job into a FAILED one (seen in CI).

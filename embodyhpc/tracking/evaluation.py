@@ -1,13 +1,23 @@
-"""What an evaluation logs to MLflow: headline numbers on the training run, everything on a child run.
+"""What an evaluation logs to MLflow: the curve and the result at a glance on the training run, everything on a child
+run, the trained policy's numbers linked to the logged model it evaluated.
 
-    training run, at the checkpoint's step   eval/<policy>/success_rate, .../success_ci_low, .../success_ci_high
-                                             (each evaluation during training adds a point: MLflow's chart of
-                                             eval/trained/success_rate is the learning curve)
-    child run "step <N> eval <hash>"         the same, per task too (success rate, Wilson interval, mean return,
-                                             mean episode length, episodes missing), the evaluation's parameters,
-                                             report.md (its images linked into the run's artifacts), plots, videos;
-                                             start and end are those of the evaluation itself; FINISHED only when
-                                             the evaluation is complete, FAILED with the reason otherwise
+    training run, at the checkpoint's step   eval/trained/success_rate, .../success_ci_low, .../success_ci_high,
+                                             eval/<task>/success_rate (one curve per task) and success_rate: each
+                                             evaluation on the curve adds a point; the description's result table
+                                             (trained vs references, per task, k/n and interval), the `success` tag
+                                             (embodyhpc.tracking.headline). Reference policies (evaluated once) are
+                                             in that table, not single-point charts.
+    child run "step <N> eval <hash>"         the same, per task and per policy (success rate, Wilson interval, mean
+                                             return, mean episode length, episodes missing), the evaluation's
+                                             parameters, report.md (its images linked into the run's artifacts),
+                                             plots, videos; start and end are those of the evaluation itself;
+                                             FINISHED only when the evaluation is complete, FAILED with the reason
+    logged model of the weights (if any)     the trained policy's metrics of the child run carry its model_id and the
+                                             evaluation as their dataset: the model's page shows them
+
+An ad-hoc evaluation (`eval --ckpt` of weights that exist: `adhoc=True`) is a record of its own: a child run named
+"ckpt-eval step <N> <episodes>ep x<tasks> tasks <hash>", tagged with the weights it read, and a tag on the training
+run that names it (EVAL_CKPT_TAG); it never adds a point to the training run's curve nor changes its result.
 
 The hash (6 hex digits of the evaluation parameters) tells apart two evaluations of one checkpoint with different
 settings; the step comes first because the runs table cuts long names.
@@ -24,22 +34,31 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from embodyhpc.tracking.headline import SUCCESS_METRIC, TRAINED, success_summary, update_training_run
 from embodyhpc.tracking.mlflow_run import (
     CLI_HTTP_ENV,
     FAILURE_TAG,
+    MAX_METRICS_PER_BATCH,
+    MAX_TAG_VALUE_LENGTH,
     TrackingError,
     bounded_http,
     client,
     log_child_run,
     log_step_metrics,
 )
-from embodyhpc.tracking.mlflow_values import one_line
+from embodyhpc.tracking.mlflow_values import one_line, truncate
 
 STATS = {"success_rate": "success_rate", "ci_low": "success_ci_low", "ci_high": "success_ci_high",
          "mean_return": "mean_return", "mean_length": "mean_length"}
 """Aggregated statistic (embodyhpc.eval.aggregate.Stats field) -> metric name."""
 HEADLINE = ("success_rate", "ci_low", "ci_high")
-"""What the training run gets at each evaluated step."""
+"""What the training run gets of the trained policy at each evaluated step (and each task's success_rate)."""
+KIND_TAG = "embodyhpc.evaluation"
+"""On an evaluation's child run: "curve" (a point of the training run's curve) or "ad-hoc" (`eval --ckpt`)."""
+WEIGHTS_TAG = "embodyhpc.weights"
+"""On an evaluation's child run: the checkpoint or export folder it evaluated (search_runs finds a checkpoint's)."""
+EVAL_CKPT_TAG = "embodyhpc.eval_ckpt/"
+"""On the training run, per ad-hoc evaluation: EVAL_CKPT_TAG + "step-<N>/<hash>" = its result, run id, weights."""
 _IMAGE_LINK = re.compile(r"!\[(?P<alt>[^\]]*)\]\((?P<path>[^)\s]+)\)")
 
 
@@ -70,16 +89,25 @@ def child_run_name(params: Mapping[str, Any]) -> str:
     return f"step {step if step is not None else 'na'} eval {settings_hash(params)}"
 
 
+def adhoc_run_name(params: Mapping[str, Any]) -> str:
+    """An ad-hoc evaluation's run name: what it evaluated and how much ("ckpt-eval step 400 4ep x2 tasks 3fa2c1")."""
+    step = params.get("checkpoint_step")
+    return (f"ckpt-eval step {step if step is not None else 'export'} {params.get('episodes_per_task')}ep "
+            f"x{len(params.get('tasks') or [])} tasks {settings_hash(params)}")
+
+
 def headline_metrics(results: Mapping[str, Any]) -> dict[str, float]:
-    """{eval/<policy>/success_rate|success_ci_low|success_ci_high: value} of a report's results (to_dict form);
-    a policy with nothing recorded has no value."""
-    metrics: dict[str, float] = {}
-    for name, policy in results.get("policies", {}).items():
-        overall = policy["overall"]
-        if overall.get("success_rate") is None:
-            continue
-        for field in HEADLINE:
-            metrics[f"eval/{name}/{STATS[field]}"] = overall[field]
+    """What a point of the training run's curve holds, of a report's results (to_dict form): the trained policy's
+    eval/trained/success_rate|success_ci_low|success_ci_high, eval/<task>/success_rate per task, and the short
+    `success_rate`. Nothing of the reference policies, nor of what recorded nothing."""
+    trained = results.get("policies", {}).get(TRAINED)
+    if not trained or trained["overall"].get("success_rate") is None:
+        return {}
+    overall = trained["overall"]
+    metrics = {f"eval/{TRAINED}/{STATS[field]}": overall[field] for field in HEADLINE}
+    metrics.update({f"eval/{task}/success_rate": stats["success_rate"] for task, stats in trained["tasks"].items()
+                    if stats.get("success_rate") is not None})
+    metrics[SUCCESS_METRIC] = overall["success_rate"]
     return metrics
 
 
@@ -113,19 +141,19 @@ def mlflow_markdown(markdown: str, run_id: str, prefix: str = "") -> str:
 def log_evaluation(uri: str, training_run_id: str, *, step: int | None, results: Mapping[str, Any],
                    params: Mapping[str, Any], outcome: str, why: str, summary: Path | None,
                    artifacts: Sequence[tuple[Path, str | None]], start_ms: int | None, end_ms: int | None,
-                   tags: Mapping[str, Any] | None = None) -> str:
-    """Log one evaluation (see the module doc); returns the child run's id. The headline goes to the training run
-    only for an evaluation of a checkpoint step with results."""
-    headline = headline_metrics(results)
-    if step is not None and headline:
-        with bounded_http(CLI_HTTP_ENV):
-            try:
-                log_step_metrics(client(uri), training_run_id, headline, step, timestamp_ms=end_ms)
-            except TrackingError:
-                raise
-            except Exception as exc:
-                raise TrackingError(f"could not log the evaluation of step {step} on MLflow run {training_run_id}: "
-                                    f"{one_line(exc)}") from exc
+                   tags: Mapping[str, Any] | None = None, adhoc: bool = False) -> str:
+    """Log one evaluation (see the module doc); returns the child run's id. The training run's curve and result
+    change only for an evaluation of a checkpoint step with results that is not ad hoc."""
+    with bounded_http(CLI_HTTP_ENV):
+        try:
+            model_id = _logged_model(client(uri), training_run_id, params.get("weights"))
+        except TrackingError:
+            raise
+        except Exception as exc:
+            raise TrackingError(f"MLflow run {training_run_id} not readable in {uri}: {one_line(exc)}") from exc
+    metrics = child_metrics(results)
+    linked = {key: value for key, value in metrics.items()
+              if model_id and key.startswith(f"eval/{TRAINED}/") and not key.endswith("/episodes_missing")}
     complete = outcome == "complete"
     texts = None
     if summary is not None and summary.is_file():
@@ -134,8 +162,56 @@ def log_evaluation(uri: str, training_run_id: str, *, step: int | None, results:
         def texts(run_id: str) -> dict[str, str]:
             return {summary.name: mlflow_markdown(markdown, run_id)}
 
-    return log_child_run(uri, training_run_id, run_name=child_run_name(params), metrics=child_metrics(results),
-                         step=step or 0, params=params, artifacts=artifacts, texts=texts,
-                         tags={"embodyhpc.outcome": outcome, **({} if complete else {FAILURE_TAG: why}),
-                               "mlflow.note.content": f"Evaluation {outcome}: {why}", **(tags or {})},
-                         status="FINISHED" if complete else "FAILED", start_time_ms=start_ms, end_time_ms=end_ms)
+    weights = params.get("weights")
+    child = log_child_run(uri, training_run_id, run_name=adhoc_run_name(params) if adhoc else child_run_name(params),
+                          metrics={k: v for k, v in metrics.items() if k not in linked}, step=step or 0,
+                          params=params, artifacts=artifacts, texts=texts,
+                          tags={"embodyhpc.outcome": outcome, **({} if complete else {FAILURE_TAG: why}),
+                                "mlflow.note.content": f"Evaluation {outcome}: {why}",
+                                KIND_TAG: "ad-hoc" if adhoc else "curve",
+                                **({WEIGHTS_TAG: str(weights)} if weights else {}), **(tags or {})},
+                          status="FINISHED" if complete else "FAILED", start_time_ms=start_ms, end_time_ms=end_ms)
+    headline = headline_metrics(results)
+    with bounded_http(CLI_HTTP_ENV):
+        try:
+            mlflow_client = client(uri)
+            if linked:
+                _log_linked(mlflow_client, child, linked, step or 0, end_ms, model_id, params)
+            if adhoc:
+                label = f"step-{step if step is not None else 'export'}/{settings_hash(params)}"
+                result = success_summary(results) or f"{outcome}: {why}"
+                mlflow_client.set_tag(training_run_id, EVAL_CKPT_TAG + label,
+                                      truncate(f"{result}; run {child}; weights {weights}", MAX_TAG_VALUE_LENGTH))
+            elif step is not None and headline:
+                log_step_metrics(mlflow_client, training_run_id, headline, step, timestamp_ms=end_ms)
+                update_training_run(mlflow_client, training_run_id, results, step)
+        except TrackingError:
+            raise
+        except Exception as exc:
+            raise TrackingError(f"could not log the evaluation of step {step} on MLflow run {training_run_id}: "
+                                f"{one_line(exc)}") from exc
+    return child
+
+
+def _logged_model(mlflow_client: Any, training_run_id: str, weights: str | None) -> str | None:
+    """The training run's logged model made from the evaluated export, if any."""
+    from embodyhpc.tracking.logged_model import find_logged_model
+
+    if not weights:
+        return None
+    run = mlflow_client.get_run(training_run_id)
+    return find_logged_model(mlflow_client, run.info.experiment_id, training_run_id, str(weights))
+
+
+def _log_linked(mlflow_client: Any, run_id: str, metrics: Mapping[str, float], step: int, end_ms: int | None,
+                model_id: str, params: Mapping[str, Any]) -> None:
+    """`metrics` on run `run_id` linked to the logged model, the evaluation's settings as their dataset."""
+    import time
+
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000) if end_ms is None else int(end_ms)
+    items = [Metric(key, float(value), now, step, model_id=model_id, dataset_name=f"{params.get('suite')} eval",
+                    dataset_digest=settings_hash(params)) for key, value in metrics.items()]
+    for start in range(0, len(items), MAX_METRICS_PER_BATCH):
+        mlflow_client.log_batch(run_id, metrics=items[start:start + MAX_METRICS_PER_BATCH], synchronous=True)

@@ -32,10 +32,13 @@ def export(tmp_path):
     return out, model, loaded.config.model
 
 
-def test_the_lerobot_layout_reads_back_through_our_adapter(cli, export, tmp_path):
+def test_the_lerobot_layout_reads_back_through_our_adapter(export, tmp_path):
+    """The layout at a tiny size (strict=False: stock LeRobot builds only the full size, which the command refuses
+    below), read back through our adapter."""
+    from embodyhpc.checkpoint.lerobot_export import export_lerobot
+
     source, model, model_cfg = export
-    result = cli("export", str(source), "--out", str(tmp_path / "lerobot"), "--execute-steps", "5")
-    assert result.code == 0, result.err
+    export_lerobot(source, tmp_path / "lerobot", execute_steps=5, strict=False)
     weights = load_file(tmp_path / "lerobot" / "model.safetensors")
     assert weights and all(k.startswith("model.") for k in weights)  # LeRobot's policy prefix
     back = build_model(model_cfg)
@@ -49,6 +52,43 @@ def test_the_lerobot_layout_reads_back_through_our_adapter(cli, export, tmp_path
     assert config["input_features"]["observation.images.corner"] == {"type": "VISUAL", "shape": [3, 32, 32]}
     assert config["output_features"] == {"action": {"type": "ACTION", "shape": [4]}}
     assert config["embodyhpc_size"] == "tiny"  # LeRobot's variants exist for the full size only
+
+
+# LeRobot 0.4.4's pi0.5 processor pipelines (make_pi05_pre_post_processors in policies/pi05/processor_pi05.py): each
+# step's registry name and the fields its dataclass takes, recorded from lerobot 0.4.4 (ProcessorStepRegistry and
+# dataclasses.fields); LeRobot builds each step from its JSON config strictly
+_NORMALIZER = {"features", "norm_map", "stats", "device", "dtype", "eps", "normalize_observation_keys"}
+LEROBOT_044_PRE = [("rename_observations_processor", {"rename_map"}),
+                   ("to_batch_processor", {"to_batch_action_processor", "to_batch_complementary_data_processor",
+                                           "to_batch_observation_processor"}),
+                   ("normalizer_processor", _NORMALIZER),
+                   ("pi05_prepare_state_tokenizer_processor_step", {"max_state_dim", "task_key"}),
+                   ("tokenizer_processor", {"tokenizer_name", "tokenizer", "max_length", "task_key",
+                                            "padding_side", "padding", "truncation"}),
+                   ("device_processor", {"device", "float_dtype"})]
+LEROBOT_044_POST = [("unnormalizer_processor", _NORMALIZER), ("device_processor", {"device", "float_dtype"})]
+
+
+def test_the_command_writes_only_what_stock_lerobot_loads(cli, export, tmp_path):
+    """A tiny model (the demo's size) is refused in one line naming model.size and why, before anything is written
+    (the demo model's state projection: test_refusals_are_one_line); the processor pipelines are LeRobot 0.4.4's,
+    step by step, with only fields its steps take."""
+    from embodyhpc.models.pi05.lerobot import write_processors
+
+    source, _, _ = export
+    tiny = cli("export", str(source), "--out", str(tmp_path / "lerobot"))
+    assert tiny.code == 2 and len(tiny.err.strip().splitlines()) == 1, tiny.err
+    assert "model.size=tiny" in tiny.err and "PI05Policy builds only" in tiny.err and "model.size=full" in tiny.err
+    assert not (tmp_path / "lerobot").exists()
+    config = {"input_features": {"observation.state": {"type": "STATE", "shape": [4]}},
+              "output_features": {"action": {"type": "ACTION", "shape": [4]}}, "max_state_dim": 32,
+              "tokenizer_max_length": 48, "normalization_mapping": {"STATE": "QUANTILES"}}
+    write_processors(tmp_path, config, None)
+    for name, recorded in (("policy_preprocessor", LEROBOT_044_PRE), ("policy_postprocessor", LEROBOT_044_POST)):
+        steps = json.loads((tmp_path / f"{name}.json").read_text())["steps"]
+        assert [s["registry_name"] for s in steps] == [n for n, _ in recorded], name
+        for step, (step_name, fields) in zip(steps, recorded, strict=True):
+            assert set(step["config"]) <= fields, (step_name, set(step["config"]) - fields)
 
 
 def test_refusals_are_one_line(cli, export, tmp_path):
@@ -74,7 +114,7 @@ def test_refusals_are_one_line(cli, export, tmp_path):
     assert (taken / "keep.txt").read_text() == "mine" and not (tmp_path / "x").exists()
 
 
-def test_the_lerobot_folder_carries_the_statistics_and_tokenizer_back_into_init_weights(cli, export, tmp_path):
+def test_the_lerobot_folder_carries_the_statistics_and_tokenizer_back_into_init_weights(export, tmp_path):
     """LeRobot's processor files hold the training statistics; a run starting from the folder reads them back (and
     the tokenizer copy), as from a LeRobot-saved policy."""
     from embodyhpc.config.schema import ModelConfig
@@ -85,15 +125,16 @@ def test_the_lerobot_folder_carries_the_statistics_and_tokenizer_back_into_init_
     trained = StateNormalizer("observation.state", "quantile", (0.5, -1.0, 2.0), (1.0, 0.25, 3.0))
     trained.save(source)
     (source / "tokenizer.model").write_bytes(b"not read here")
-    assert cli("export", str(source), "--out", str(tmp_path / "lerobot")).code == 0
-    out = tmp_path / "lerobot"
+    from embodyhpc.checkpoint.lerobot_export import export_lerobot
+
+    out = export_lerobot(source, tmp_path / "lerobot", strict=False)  # the tiny size: see above
     pre = json.loads((out / "policy_preprocessor.json").read_text())
     names = [s["registry_name"] for s in pre["steps"]]
-    assert names[3] == "normalizer_processor" and names[-2] == "tokenizer_processor"
-    assert pre["steps"][3]["config"]["norm_map"]["STATE"] == "QUANTILES"
+    assert names[2] == "normalizer_processor" and names[-2] == "tokenizer_processor"
+    assert pre["steps"][2]["config"]["norm_map"]["STATE"] == "QUANTILES"
     assert json.loads((out / "policy_postprocessor.json").read_text())["steps"][0]["registry_name"] == \
         "unnormalizer_processor"
-    stats = load_file(out / pre["steps"][3]["state_file"])
+    stats = load_file(out / pre["steps"][2]["state_file"])
     assert set(stats) == {"observation.state.q01", "observation.state.q99"}  # no action statistics: raw actions
     again, _ = resolve_normalizer(ModelConfig(state_norm="quantile", init_weights=str(out)), None)
     assert again.offset == pytest.approx(trained.offset) and again.scale == pytest.approx(trained.scale)

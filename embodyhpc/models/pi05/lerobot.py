@@ -11,13 +11,16 @@ the export and calls `write` with its weights; this module knows the layout:
                               LeRobot's pi0.5 processor pipelines (step names of its processor_pi05.py), whose
                               normalizer steps hold the state statistics the policy was trained with
                               (normalization.json: q01/q99 or mean/std under "observation.state") in
-    <out>/policy_preprocessor_step_3_normalizer_processor.safetensors; no action statistics: our policy predicts
+    <out>/policy_preprocessor_step_2_normalizer_processor.safetensors; no action statistics: our policy predicts
                               raw actions, and LeRobot passes a feature without statistics through unchanged
 
-Only the full size has LeRobot variants (gemma_2b + gemma_300m); the config of a tiny or small export says so
-("embodyhpc_size") and LeRobot's PI05Policy cannot build it, though the weights file still reads back through our
-adapter. The fields written are those of lerobot's PI05Config (src/lerobot/policies/pi05/configuration_pi05.py,
-read at huggingface/lerobot 0e587e5): LeRobot parses config.json strictly, so nothing else is written.
+What stock LeRobot cannot load is refused in one line before anything is written (`loadable`): a state projection
+(model.state_input other than prompt: PI05Policy has no place for one), and any size but the full one (PI05Policy
+builds only PaliGemma gemma_2b with a gemma_300m expert, at fixed widths: a tiny or small model's weights fit
+none of them). `strict=False` writes the layout anyway (its config then says "embodyhpc_size"), which only our
+adapter reads back: the tests of the layout at a tiny size. The fields and processor steps written are those LeRobot
+0.4.4 knows (PI05Config in src/lerobot/policies/pi05/configuration_pi05.py, make_pi05_pre_post_processors in
+processor_pi05.py): LeRobot parses config.json and each step's config strictly, so nothing else is written.
 """
 
 from __future__ import annotations
@@ -33,25 +36,38 @@ WEIGHTS, CONFIG_JSON = "model.safetensors", "config.json"  # LeRobot's policy fo
 VARIANTS = {"full": ("gemma_2b", "gemma_300m")}
 NORM_MODES = {"quantile": "QUANTILES", "mean_std": "MEAN_STD"}
 PREPROCESSOR, POSTPROCESSOR = "policy_preprocessor", "policy_postprocessor"
-NORMALIZER_STEP = 3  # its place in LeRobot's pi0.5 preprocessor: rename, batch, relative actions, normalize, ...
+NORMALIZER_STEP = 2  # its place in LeRobot's pi0.5 preprocessor: rename, batch, normalize, state tokens, ...
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
 
 
+def loadable(model_cfg: Any, *, strict: bool = True) -> None:
+    """Refuse, in one line naming the key and why, a model stock LeRobot's PI05Policy cannot load (strict=False:
+    only what the layout itself cannot hold)."""
+    if model_cfg.state_input != "prompt":
+        raise UserError(f"model.state_input={model_cfg.state_input} adds a state projection that pi0.5's published "
+                        "layout (and LeRobot's PI05Policy) has no place for", key="model.state_input",
+                        fix="export a model trained with model.state_input=prompt")
+    if strict and model_cfg.size not in VARIANTS:
+        paligemma, expert = VARIANTS["full"]
+        raise UserError(f"model.size={model_cfg.size}: LeRobot's PI05Policy builds only pi0.5's full size (PaliGemma "
+                        f"{paligemma} with a {expert} action expert, at fixed widths), which a {model_cfg.size} "
+                        "model's weights do not fit", key="model.size",
+                        fix="export a model trained with model.size=full; this export still runs in embodyhpc "
+                            "(eval --ckpt, model.init_weights)")
+
+
 def write(out_dir: Path, state: dict[str, Any], model: Any, model_cfg: Any, *, policy_io: dict[str, Any],
-          normalizer: Any, execute_steps: int) -> None:
+          normalizer: Any, execute_steps: int, strict: bool = True) -> None:
     """Write LeRobot's pi0.5 folder at `out_dir` (created here) from a verified export: its weights `state`, the
     model its recipe builds (`model`, on meta: its shape), the recipe's `model` section, the dataset's features and
-    the state statistics training used (data.normalize.StateNormalizer, or None). What the layout cannot hold is
-    refused (UserError, one line) before anything is written."""
+    the state statistics training used (data.normalize.StateNormalizer, or None). What LeRobot cannot load is
+    refused (UserError, one line) before anything is written; strict=False: only what the layout cannot hold."""
     import torch
     from safetensors.torch import save_file
 
     from embodyhpc.models.pi05.weights import to_published
 
-    if model_cfg.state_input != "prompt":
-        raise UserError(f"model.state_input={model_cfg.state_input} adds a state projection that pi0.5's published "
-                        "layout (and LeRobot's PI05Policy) has no place for", key="model.state_input",
-                        fix="export a model trained with model.state_input=prompt")
+    loadable(model_cfg, strict=strict)
     dtypes = {v.dtype for v in state.values() if v.is_floating_point()}
     published = to_published(state, model.shape, placeholders=True)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -112,18 +128,14 @@ def write_processors(out_dir: Path, config: dict[str, Any], normalizer: Any) -> 
         save_file(stats, str(out_dir / norm["state_file"]))
     pre = [{"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
            {"registry_name": "to_batch_processor", "config": {}},
-           {"registry_name": "relative_actions_processor",
-            "config": {"enabled": False, "exclude_joints": [], "action_names": None}},
            norm,
            {"registry_name": "pi05_prepare_state_tokenizer_processor_step",
-            "config": {"max_state_dim": config["max_state_dim"], "task_key": "task",
-                       "include_state_in_prompt": True}},
+            "config": {"max_state_dim": config["max_state_dim"], "task_key": "task"}},
            {"registry_name": "tokenizer_processor",
             "config": {"max_length": config["tokenizer_max_length"], "task_key": "task", "padding_side": "right",
                        "padding": "max_length", "truncation": True, "tokenizer_name": PALIGEMMA_TOKENIZER}},
            {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]
-    post = [unnorm, {"registry_name": "absolute_actions_processor", "config": {"enabled": False}},
-            {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]
+    post = [unnorm, {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]
     assert pre[NORMALIZER_STEP] is norm
     for name, steps in ((PREPROCESSOR, pre), (POSTPROCESSOR, post)):
         (out_dir / f"{name}.json").write_text(json.dumps({"name": name, "steps": steps}, indent=2) + "\n")
