@@ -262,7 +262,7 @@ def test_an_error_recording_the_attempt_puts_back_resolved_yaml_too(cli, runs_ro
 CRASH = r"""
 import os, sys
 from embodyhpc import attempts, submit
-from embodyhpc.rundir import RunInfo
+from embodyhpc.runinfo import RunInfo
 submit.preflight = lambda *args, **kwargs: []  # the fake run's data folder is empty: no dataset to check
 point = sys.argv.pop(1)
 if point == "before-commit":  # resolved.yaml rewritten, run.json not yet: the process dies

@@ -356,7 +356,10 @@ def test_submit_local_shows_training_progress_on_stderr(tmp_path):
     progress = [line for line in result.stderr.splitlines() if line.startswith("train: step ")]
     found = progress and re.match(r"train: step \d+/300 \(\d+%\), loss [\d.]+, ([\d.e-]+) s/step, ETA", progress[0])
     assert found, result.stderr[-2000:]
-    assert float(found.group(1)) >= 0.02 * 0.99  # the pace holds: no step faster than data.synthetic_step_s
+    # the pace holds: steps start data.synthetic_step_s apart on a schedule (a late step does not bunch the next
+    # ones), so a window of n steps lasts at least (n - 1) paces plus one; a busy machine only slows it. 10% is one
+    # pace in a 10-step window, what an oversleep of the window's first step can take off (0.0196 was seen in CI)
+    assert float(found.group(1)) >= 0.02 * 0.9
     assert "\r" not in result.stderr and "\x1b" not in result.stderr
 
 
