@@ -29,11 +29,15 @@ def expected_delta_timestamps() -> dict[str, list[float]]:
     return json.loads((FIXTURES / "sample_expected.json").read_text())["delta_timestamps"]
 
 
-@pytest.fixture
-def sample_copy(tmp_path) -> Path:
-    """A writable copy of the sample, for tests that break it."""
-    root = tmp_path / "sample"
-    shutil.copytree(SAMPLE_ROOT, root)
+def writable_copy(source: Path, root: Path) -> Path:
+    """`source` (a committed dataset fixture, possibly read-only in a checkout) copied to `root`, writable."""
+    shutil.copytree(source, root)
     for path in root.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     return root
+
+
+@pytest.fixture
+def sample_copy(tmp_path) -> Path:
+    """A writable copy of the sample, for tests that break it."""
+    return writable_copy(SAMPLE_ROOT, tmp_path / "sample")

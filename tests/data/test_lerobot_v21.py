@@ -8,7 +8,6 @@ tools/reference_fixtures/lerobot_v21.py with LeRobot's own writer and reader; no
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from embodyhpc.data.convert import convert_v21_to_v30
 from embodyhpc.data.normalize import StateNormalizer
 from embodyhpc.data.v21_meta import v21_stats
 from embodyhpc.errors import UserError
-from tests.data.conftest import FIXTURES
+from tests.data.conftest import FIXTURES, writable_copy
 from tests.helpers import one_line_error
 
 V21_ROOT = FIXTURES / "lerobot_v21_sample"
@@ -69,11 +68,7 @@ def converted(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def v21_copy(tmp_path) -> Path:
-    root = tmp_path / "v21"
-    shutil.copytree(V21_ROOT, root)
-    for path in root.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return root
+    return writable_copy(V21_ROOT, tmp_path / "v21")
 
 
 def test_format_length_and_tasks(readers):

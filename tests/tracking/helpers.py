@@ -51,3 +51,19 @@ def check_child_run(uri: str, parent_run_id: str, child_run_id: str, step: int) 
     assert [f.path for f in client.list_artifacts(child_run_id, "plots")] == ["plots/success.png"]
     videos = {f.path: f.file_size for f in client.list_artifacts(child_run_id, "videos")}
     assert videos == {"videos/ep0.mp4": 256, "videos/ep1.mp4": 256, "videos/summary.md": 9}
+
+
+def local_run_folder(run: Path, recipe: str, overrides: list[str], *, mlflow_run_id: str, jobs: dict) -> Path:
+    """A run folder of the local backend as `submit` leaves it (resolved.yaml of `recipe` with `overrides`,
+    run.json with `jobs` and MLflow run `mlflow_run_id`), for the report job to read."""
+    from embodyhpc.rundir import make_run_dir, write_private
+    from embodyhpc.runinfo import RunInfo
+    from embodyhpc.validation import load_recipe
+
+    loaded = load_recipe(recipe, overrides, site="local")
+    assert make_run_dir(run)
+    write_private(run / "resolved.yaml", loaded.to_yaml())
+    RunInfo(run_id=run.name, run_dir=str(run), backend="local", recipe=recipe, site=loaded.site, overrides=[],
+            python=sys.executable, created="2026-01-01T00:00:00+0000", mlflow_run_id=mlflow_run_id,
+            jobs=jobs).save()
+    return run

@@ -4,15 +4,14 @@ its child run is an ad-hoc record of the training run, whose curve, result and h
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
 from embodyhpc.launch.report import report_task
-from embodyhpc.rundir import HISTORY_FILE, make_run_dir, shard_file, write_private
-from embodyhpc.runinfo import JobRecord, RunInfo
+from embodyhpc.rundir import HISTORY_FILE, shard_file
+from embodyhpc.runinfo import JobRecord
 from embodyhpc.tracking import mlflow_run as mr
-from embodyhpc.validation import load_recipe
+from tests.tracking.helpers import local_run_folder
 
 RECIPE = "recipes/demo_metaworld_cpu.yaml"
 
@@ -23,16 +22,11 @@ def test_an_eval_ckpt_report_is_its_own_record(sqlite_uri):
     training = mr.create_run(sqlite_uri, experiment="demo", run_name="train", status="RUNNING")
     mr.log_step_metrics(mr.client(sqlite_uri), training, {"eval/trained/success_rate": 0.9}, 400)
     weights = runs_root / "demo" / "train-1" / "exports" / "step-400"
-    loaded = load_recipe(RECIPE, [f"job.runs_root={runs_root}", f"data.root={runs_root}", f"eval.weights={weights}",
-                                  "eval.reference_policies=[]", "eval.tasks=[reach-v3]", "eval.episodes_per_task=2",
-                                  "eval.shards=1"], site="local")
-    run = runs_root / "demo" / "eval-1"
-    assert make_run_dir(run)
-    write_private(run / "resolved.yaml", loaded.to_yaml())
-    RunInfo(run_id=run.name, run_dir=str(run), backend="local", recipe=RECIPE, site=loaded.site, overrides=[],
-            python=sys.executable, created="2026-01-01T00:00:00+0000", mlflow_run_id=training,
-            jobs={"eval": JobRecord("eval", job_id="12", state="COMPLETED", exit_code=0),
-                  "report": JobRecord("report", job_id="13", state="RUNNING")}).save()
+    run = local_run_folder(runs_root / "demo" / "eval-1", RECIPE, [
+        f"job.runs_root={runs_root}", f"data.root={runs_root}", f"eval.weights={weights}", "eval.reference_policies=[]",
+        "eval.tasks=[reach-v3]", "eval.episodes_per_task=2", "eval.shards=1"], mlflow_run_id=training,
+        jobs={"eval": JobRecord("eval", job_id="12", state="COMPLETED", exit_code=0),
+              "report": JobRecord("report", job_id="13", state="RUNNING")})
     shard = shard_file(run, "trained", 0)
     shard.parent.mkdir(parents=True)
     shard.write_text("".join(json.dumps({"policy": "trained", "task": "reach-v3", "seed": 100, "episode": e,

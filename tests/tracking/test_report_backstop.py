@@ -5,32 +5,25 @@ reason the training sink already recorded is never overwritten by the report's."
 from __future__ import annotations
 
 import io
-import sys
 
 import pytest
 
 from embodyhpc.launch.report import report_task
-from embodyhpc.rundir import make_run_dir, write_private
-from embodyhpc.runinfo import JobRecord, RunInfo
+from embodyhpc.runinfo import JobRecord
 from embodyhpc.tracking import mlflow_run as mr
 from embodyhpc.tracking.mlflow_sink import MlflowMetricsSink
-from embodyhpc.validation import load_recipe
+from tests.tracking.helpers import local_run_folder
 
 RECIPE = "recipes/demo_metaworld_cpu.yaml"
 
 
 def failed_run(runs_root, run_id: str):
     """A run folder whose training job failed (exit 1) before writing its result, with MLflow run `run_id`."""
-    loaded = load_recipe(RECIPE, [f"job.runs_root={runs_root}", f"data.root={runs_root}"], site="local")
-    run = runs_root / "demo" / "run-1"
-    assert make_run_dir(run)
-    write_private(run / "resolved.yaml", loaded.to_yaml())
-    RunInfo(run_id=run.name, run_dir=str(run), backend="local", recipe=RECIPE, site=loaded.site, overrides=[],
-            python=sys.executable, created="2026-01-01T00:00:00+0000", mlflow_run_id=run_id,
-            jobs={"train": JobRecord("train", job_id="11", state="FAILED", exit_code=1),
-                  "eval": JobRecord("eval", job_id="12", state="CANCELLED"),
-                  "report": JobRecord("report", job_id="13", state="RUNNING")}).save()
-    return run
+    return local_run_folder(runs_root / "demo" / "run-1", RECIPE, [f"job.runs_root={runs_root}",
+                            f"data.root={runs_root}"], mlflow_run_id=run_id,
+                            jobs={"train": JobRecord("train", job_id="11", state="FAILED", exit_code=1),
+                                  "eval": JobRecord("eval", job_id="12", state="CANCELLED"),
+                                  "report": JobRecord("report", job_id="13", state="RUNNING")})
 
 
 @pytest.mark.parametrize("sink_ended", [
