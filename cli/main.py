@@ -72,13 +72,14 @@ def _run_dir(run: str, site: str | None, runs_root: Path | None) -> Path:
     return find_run_dir(run, site=site, root=runs_root)
 
 
-def _check_kind(job: str | None) -> None:
+def _check_kind(job: str | None, extra: tuple[str, ...] = ()) -> None:
     from embodyhpc.slurm.render import JOB_KINDS
 
-    if job is not None and job not in JOB_KINDS:
+    kinds = tuple(dict.fromkeys((*JOB_KINDS, *extra)))
+    if job is not None and job not in kinds:
         from embodyhpc.errors import UserError
 
-        raise UserError(f"unknown job {job!r}", key="--job", fix=f"use one of {', '.join(JOB_KINDS)}")
+        raise UserError(f"unknown job {job!r}", key="--job", fix=f"use one of {', '.join(kinds)}")
 
 
 @recipes_app.command("list", short_help="List shipped recipes and site profiles.")
@@ -126,9 +127,19 @@ def validate(recipe: Recipe, overrides: Overrides = None, site: Site = None) -> 
         typer.echo(f"warning: {warning}", err=True)
     r = loaded.resolved
     typer.echo(f"ok: {loaded.recipe}" + (f" + {loaded.site}" if loaded.site else ""))
-    typer.echo(f"  train: {loaded.config.resources.nodes} node(s) x {r.procs_per_node} rank(s) = "
-               f"world {r.world_size}; dp_replicate={r.dp_replicate} dp_shard={r.dp_shard}; "
-               f"grad accumulation {r.grad_accum_steps}; time {r.train_time_min} min")
+    rl = loaded.config.rl
+    if rl.enabled:  # one heterogeneous job instead of training
+        groups = [rl.group(role) for role in ("actor", "rollout", "env")]
+        batch = loaded.config.train.global_batch_size  # what a version trains on (rl_schema's docstrings)
+        per_version = (f"{batch} samples per version" if rl.async_ else
+                       f"{rl.episodes_per_iteration} episodes per version")
+        typer.echo(f"  rl: {rl.algorithm}, {'async' if rl.async_ else 'sync'}, {rl.iterations} versions; "
+                   + ", ".join(f"{g.role} {g.nodes} node(s) x {g.tasks_per_node} = {g.tasks}" for g in groups)
+                   + f" ({groups[2].tasks * rl.envs_per_worker} envs); {per_version}; time {r.train_time_min} min")
+    else:
+        typer.echo(f"  train: {loaded.config.resources.nodes} node(s) x {r.procs_per_node} rank(s) = "
+                   f"world {r.world_size}; dp_replicate={r.dp_replicate} dp_shard={r.dp_shard}; "
+                   f"grad accumulation {r.grad_accum_steps}; time {r.train_time_min} min")
     typer.echo(f"  eval: {r.num_eval_episodes} episodes in {loaded.config.eval.shards} shards")
 
 
@@ -137,7 +148,8 @@ def render(
     recipe: Recipe,
     overrides: Overrides = None,
     site: Site = None,
-    job: Annotated[str | None, typer.Option(help="Only this job: train, export, eval or report.")] = None,
+    job: Annotated[str | None, typer.Option(help="Only this job: train (rl: an RL recipe's), export, eval or "
+                                            "report.")] = None,
     run_dir: Annotated[Path | None, typer.Option(help="Run directory to render for "
                                                     "(default: the one submit would create now).")] = None,
 ) -> None:
@@ -145,7 +157,7 @@ def render(
     from embodyhpc.submit import default_run_dir
     from embodyhpc.submit import render as plan_scripts
 
-    _check_kind(job)
+    _check_kind(job, extra=("rl",))  # an RL recipe's job
     loaded = _load(recipe, overrides, site)
     target = run_dir.resolve() if run_dir else default_run_dir(loaded.config.job)
     plan = plan_scripts(loaded, _python(loaded), target, job, progress=lambda msg: typer.echo(msg, err=True))
@@ -243,8 +255,14 @@ def eval_cmd(
         evaluate.check_inputs(source, loaded.config)  # side files, suite, overrides: before anything is created
         if source.mlflow_parent:
             say(f"attaching to MLflow run {source.mlflow_parent} of {source.source_run}")
-        info = submitting.submit(loaded, _python(loaded, local), local=local, progress=say, eval_only=True,
-                                 mlflow_parent=source.mlflow_parent)
+        from .eval_view import final_table, watched
+
+        info = watched(loaded.config, as_json, lambda said: submitting.submit(  # episodes done / planned
+            loaded, _python(loaded, local), local=local, progress=said, eval_only=True,
+            mlflow_parent=source.mlflow_parent))
+    table = final_table(Path(info.run_dir)) if info.backend == "local" else None
+    if table:
+        typer.echo(table, err=as_json)
     _print_run(info, as_json)
 
 
@@ -370,7 +388,8 @@ def runs(
 @app.command(short_help="Print (or -f follow) the jobs' stdout and stderr.")
 def logs(
     run: RunDir,
-    job: Annotated[str | None, typer.Option(help="Only this job: train, export, eval or report.")] = None,
+    job: Annotated[str | None, typer.Option(help="Only this job: train (rl: an RL run's), export, eval or "
+                                            "report.")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
     site: Site = None,
     runs_root: RunsRoot = None,
@@ -378,7 +397,7 @@ def logs(
     """Print the jobs' stdout/stderr (per task)."""
     from .status import print_logs
 
-    _check_kind(job)
+    _check_kind(job, extra=("rl",))  # an RL run's job
     for line in print_logs(_run_dir(run, site, runs_root), job, follow=follow):
         typer.echo(line)
 

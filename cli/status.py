@@ -27,7 +27,7 @@ def _progress_text(status) -> str:
 
 def status_report(run_dir: Path, *, as_json: bool = False, width: int | None = None, mlflow: bool = True) -> str:
     from embodyhpc.errors import RunDirError
-    from embodyhpc.runstate import chain_states, run_state, train_progress
+    from embodyhpc.runstate import TRAINING_KINDS, chain_states, run_state, train_progress
 
     from .runs import progress_json, progress_text
 
@@ -50,7 +50,7 @@ def status_report(run_dir: Path, *, as_json: bool = False, width: int | None = N
             "be out of date" if from_disk is not None else None)
     state, job, _ = run_state(statuses)
     progress = train_progress(info.run_dir)
-    training = any(s.kind == "train" and not s.finished for s in statuses)
+    training = any(s.kind in TRAINING_KINDS and not s.finished for s in statuses)
     if as_json:
         by_eval = {path.name: {"run_dir": str(path), "jobs": [dataclasses.asdict(s) for s in jobs],
                                "report": read_report(path)} for path, jobs in zip(evals, eval_statuses, strict=True)}
@@ -80,7 +80,8 @@ def status_report(run_dir: Path, *, as_json: bool = False, width: int | None = N
         for _ in jobs:
             lines += table.pop(0)
     if progress is not None:
-        lines.append(f"training: {progress_text(progress, running=training)}")
+        lines.append(f"{_progress_label(statuses)}: {progress_text(progress, running=training)}")
+        lines += _input_lines(progress)
     lines += _report_lines(report)
     if evals or broken:
         lines.append("evaluations while training:")
@@ -92,6 +93,26 @@ def status_report(run_dir: Path, *, as_json: bool = False, width: int | None = N
     lines += [f"  {name}: {why}" for name, why in sorted(broken.items())]
     lines += _mlflow_lines(info) if mlflow else []
     return "\n".join(lines) + "\n"
+
+
+def _input_lines(progress) -> list[str]:
+    """Whether training waits for its data, at the last log: the step's share spent waiting, rank 0's decode time
+    per sample and its loader's samples/s (runstate.TrainProgress); nothing when the metrics hold none of them."""
+    from embodyhpc.runstate import INPUT_BOUND_WAIT_FRACTION
+
+    wait, decode, rate = progress.data_wait_fraction, progress.decode_ms_per_sample, progress.loader_samples_per_s
+    parts = [] if wait is None else [f"waits {100 * wait:.0f}% of each step"]
+    parts += [] if decode is None else [f"decode {decode:.3g} ms/sample"]
+    parts += [] if rate is None else [f"loader {rate:,.0f} samples/s"]
+    if not parts:
+        return []
+    verdict = "" if wait is None else (": input-bound" if wait >= INPUT_BOUND_WAIT_FRACTION else ": not input-bound")
+    return [f"data: {', '.join(parts)}{verdict}"]
+
+
+def _progress_label(statuses: list) -> str:
+    """What the progress line is about: an RL run's policy versions (its rl job), else training."""
+    return "rl" if any(s.kind == "rl" for s in statuses) else "training"
 
 
 def _mlflow_lines(info: RunInfo) -> list[str]:
@@ -119,7 +140,7 @@ def _attempt_line(attempt) -> str:
 
 def _disk_states(statuses: list, report: dict | None) -> list:
     """Without sacct: what a finished report recorded (train and eval states; the report itself is done)."""
-    recorded = {kind: (report.get(kind) or {}).get("state") for kind in ("train", "eval")} if report else {}
+    recorded = {kind: (report.get(kind) or {}).get("state") for kind in ("train", "rl", "eval")} if report else {}
     out = []
     for s in statuses:
         state = "COMPLETED" if s.kind == "report" and report and "outcome" in report else recorded.get(s.kind)
@@ -188,7 +209,7 @@ def watch(run_dir: Path, *, interval_s: float, live) -> int:
     import time
 
     from embodyhpc.errors import FAILURE_EXIT_CODE, SUCCESS_EXIT_CODE, SlurmError
-    from embodyhpc.runstate import chain_states, run_state, train_progress
+    from embodyhpc.runstate import TRAINING_KINDS, chain_states, run_state, train_progress
 
     from .runs import progress_text
 
@@ -202,7 +223,7 @@ def watch(run_dir: Path, *, interval_s: float, live) -> int:
         state, job, reason = run_state(statuses)
         finished = bool(statuses) and all(s.finished for s in statuses)
         progress = train_progress(info.run_dir)
-        training = any(s.kind == "train" and not s.finished for s in statuses)
+        training = any(s.kind in TRAINING_KINDS and not s.finished for s in statuses)
         text = f"{state}" + (f" ({job})" if job and state != "COMPLETED" else "")
         if progress is not None:
             text += f": {progress_text(progress, running=training)}"

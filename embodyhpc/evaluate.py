@@ -14,7 +14,9 @@ run.json, the report logs its child run there, next to the run's own evaluations
 Before anything is created (`check_inputs`, after the recipe is loaded), everything this machine can check is:
 the export's weights, config and side files against export.json's hashes (checkpoint/integrity.py); the side files'
 contents against the weights' recipe and the evaluation's suite (eval/policy_files.py); eval.weights naming what
---ckpt names; no model.* override (the shards build the model from the weights' own recipe, so one would be ignored).
+--ckpt names; no model.* override (the shards build the model from the weights' own recipe, so one would be ignored);
+eval.weights_kind against what PATH holds (`check_weights_kind`: a checkpoint's marker says whether it saved a moving
+average of the weights, an export's export.json which weights it holds).
 A mistake is one line naming the file or key and the fix (exit 2), and no run folder exists.
 """
 
@@ -116,6 +118,32 @@ def check_inputs(source: EvalSource, config: Config) -> None:
     folders = [weights] if source.weights else [source.source_run / name for name in SIDE_FILE_DIRS]
     policy = check_policy_files(find_side_files(folders), trained, where=str(folders[0]))
     check_suite(policy, trained, config.eval, where=str(folders[0]))
+    check_weights_kind(source, config.eval.weights_kind)
+
+
+def check_weights_kind(source: EvalSource, asked: str | None) -> None:
+    """eval.weights_kind against what --ckpt names (None takes what is there): a checkpoint must hold a moving average
+    for ema (its .complete marker records the average's decay, null without one); an export holds one kind of weights,
+    which export.json records (raw for exports written before the choice existed), and is evaluated only as that."""
+    from embodyhpc.checkpoint.integrity import WEIGHTS_KIND_KEY, read_summary
+
+    if asked is None:
+        return
+    if source.checkpoint is not None:
+        if asked == "ema" and layout.read_marker(source.checkpoint).get("ema_decay") is None:
+            raise UserError("the checkpoint holds no moving average of the weights (the run trained with "
+                            "train.ema_decay: null)", key="eval.weights_kind", where=str(source.checkpoint),
+                            fix="evaluate its raw weights: eval.weights_kind=raw, or drop the override")
+        return
+    assert source.weights is not None
+    summary = read_summary(source.weights)
+    held = summary.get(WEIGHTS_KIND_KEY, "raw")
+    if held != asked:
+        origin = summary.get("source")
+        raise UserError(f"the export holds the {held} weights, and eval.weights_kind asks for {asked}",
+                        key="eval.weights_kind", where=str(source.weights),
+                        fix=f"evaluate the checkpoint it was exported from ({origin}) with eval.weights_kind={asked}, "
+                            "or drop the override" if origin else "drop the eval.weights_kind override")
 
 
 def _resolved(path: str) -> Path | None:

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from embodyhpc import attempts
-from embodyhpc.config.load import LoadedRecipe, resolve_located
+from embodyhpc.config.load import LoadedRecipe, config_data, resolve_located
 from embodyhpc.config.schema import Config
 from embodyhpc.errors import ConfigError, RunDirError, RunFailure, UserError
 from embodyhpc.rundir import (
@@ -82,8 +82,12 @@ RESUMABLE_KEYS = (
     "checkpoint.async_save", "checkpoint.export_final", "eval.shards", "eval.array_parallelism",
     "eval.cpus_per_task", "eval.gpus_per_task", "eval.envs_per_shard", "eval.mem", "eval.time",
     "tracking.telemetry_interval_s",
+    "rl.resources", "rl.iterations", "rl.actor_ranks", "rl.rollout_workers", "rl.env_workers", "rl.envs_per_worker",
+    "rl.micro_batch_size", "rl.queue_depth", "rl.peer_timeout_s",
 )
-"""Keys (and sections) a resume may change: how and where the run trains, not what it learns."""
+"""Keys (and sections) a resume may change: how and where the run trains, not what it learns (an RL run: its
+processes, not its algorithm; its versions are its steps, rl.iterations raised like train.steps)."""
+TRAINING_JOBS = ("train", "rl")  # the job a resume starts again: a training run's, an RL run's
 
 _WHY_REFUSED = {
     "model": "the model's shapes are in the checkpoint",
@@ -94,6 +98,7 @@ _WHY_REFUSED = {
     "tracking": "the MLflow run goes on in the same store",
     "checkpoint": "it is the run's",
     "eval": "the evaluation after training is the run's (`embodyhpc eval --ckpt` evaluates with other settings)",
+    "rl": "the algorithm, its samples and its hyper-parameters are what the policy learns with",
 }
 _LOCAL_ACTIVE = ("PENDING", "RUNNING")
 _SITE_ENV = "EMBODYHPC_SITE"
@@ -144,7 +149,7 @@ def plan_resume(run_dir: Path, overrides: list[str], *, site: str | None = None,
         raise RunDirError(f"run.json has schema_version {info.schema_version}, newer than this embodyhpc's "
                           f"({RUN_JSON_VERSION}); resuming would rewrite it and drop what this version does not "
                           "know", where=str(run / RUN_JSON), fix="resume with the newer embodyhpc that wrote it")
-    if info.parent_run is not None or not any("train" in a.jobs for a in info.all_attempts()):
+    if info.parent_run is not None or not any(kind in a.jobs for a in info.all_attempts() for kind in TRAINING_JOBS):
         raise RunDirError("not a training run (an evaluation or smoke run has nothing to resume)", where=str(run),
                           fix="pass the training run's folder; `embodyhpc eval --ckpt` evaluates again")
     for text in overrides:
@@ -177,7 +182,8 @@ def plan_resume(run_dir: Path, overrides: list[str], *, site: str | None = None,
             where = _provenance(key, provenance)
             raise refused_key(key, where)
     _check_steps(config, old, from_step, provenance, run)
-    _check_batch(config, provenance)
+    if not config.rl.enabled:  # an RL run's batch against its actor ranks: validation/rl_checks.py, at load
+        _check_batch(config, provenance)
     resolved = resolve_located(config, provenance)
     _check_model(run, from_step, config)
     loaded = LoadedRecipe(config=config, resolved=resolved, recipe=info.recipe, site=site_name or info.site,
@@ -255,30 +261,37 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _changed(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
-    before, after = _flat(dataclasses.asdict(old)), _flat(dataclasses.asdict(new))
+    before, after = _flat(config_data(old)), _flat(config_data(new))  # recipe keys: rl.async, not rl.async_
     return {key: (before.get(key), after.get(key)) for key in sorted(set(before) | set(after))
             if before.get(key) != after.get(key)}
 
 
+def target_steps(config: Config) -> tuple[str, int]:
+    """(the key, its value) of the step a run trains to: rl.iterations for an RL run (its policy versions are its
+    checkpoints' steps), else train.steps."""
+    return ("rl.iterations", config.rl.iterations) if config.rl.enabled else ("train.steps", config.train.steps)
+
+
 def _check_steps(new: Config, old: Config, from_step: int, provenance: dict[str, str], run: Path) -> None:
-    steps = new.train.steps
-    where = _provenance("train.steps", provenance)
-    if from_step > old.train.steps and steps <= from_step:
-        raise ConfigError(f"the newest checkpoint holds step {from_step}, past the train.steps={old.train.steps} "
+    key, steps = target_steps(new)
+    old_steps = target_steps(old)[1]
+    where = _provenance(key, provenance)
+    if from_step > old_steps and steps <= from_step:
+        raise ConfigError(f"the newest checkpoint holds step {from_step}, past the {key}={old_steps} "
                           "resolved.yaml says this run trains to (a resolved.yaml older than the checkpoints, or "
-                          "another run's checkpoint copied in)", where=str(run / RESOLVED_YAML), key="train.steps",
-                          fix=f"pass train.steps={from_step + 1} or more to train on from it, or move "
+                          "another run's checkpoint copied in)", where=str(run / RESOLVED_YAML), key=key,
+                          fix=f"pass {key}={from_step + 1} or more to train on from it, or move "
                               f"{run / CHECKPOINTS_DIR / step_name(from_step)} out of {CHECKPOINTS_DIR}/")
-    if from_step >= steps and steps == old.train.steps:
-        raise ConfigError(f"already trained to train.steps={steps}; pass train.steps=M to continue (M > {steps}, "
-                          f"e.g. train.steps={2 * steps})", where=where, key="train.steps",
+    if from_step >= steps and steps == old_steps:
+        raise ConfigError(f"already trained to {key}={steps}; pass {key}=M to continue (M > {steps}, "
+                          f"e.g. {key}={2 * steps})", where=where, key=key,
                           fix="or evaluate it again with `embodyhpc eval --ckpt RUN`")
     if steps < from_step:
-        raise ConfigError(f"train.steps={steps} is below the step the newest checkpoint holds ({from_step})",
-                          where=where, key="train.steps", fix=f"pass train.steps={from_step + 1} or more")
+        raise ConfigError(f"{key}={steps} is below the step the newest checkpoint holds ({from_step})",
+                          where=where, key=key, fix=f"pass {key}={from_step + 1} or more")
     if steps == from_step:
-        raise ConfigError(f"train.steps={steps} is the step the newest checkpoint holds: nothing to train",
-                          where=where, key="train.steps", fix=f"pass train.steps={from_step + 1} or more")
+        raise ConfigError(f"{key}={steps} is the step the newest checkpoint holds: nothing to train",
+                          where=where, key=key, fix=f"pass {key}={from_step + 1} or more")
 
 
 def _check_model(run: Path, step: int, config: Config) -> None:
@@ -443,10 +456,16 @@ def begin_attempt(plan: ResumePlan, python: str, *, local: bool = False,
     except (OSError, RunDirError) as exc:  # they are safe where they are; the next resume finishes the move
         moved = f"warning: attempt {number}'s outputs stay in {staging} for now ({_os_error(exc)})"
     script_file(run, "train").parent.mkdir(mode=0o700, exist_ok=True)
+    key, steps = target_steps(loaded.config)
     progress(f"attempt {info.attempt} of {run}: from the checkpoint of step {plan.from_step} to "
-             f"train.steps={loaded.config.train.steps} on {loaded.resolved.world_size} rank(s); {moved}")
+             f"{key}={steps} on {_ranks(loaded)}; {moved}")
     _reopen_mlflow(loaded, info, progress)
     return loaded, info
+
+
+def _ranks(loaded: LoadedRecipe) -> str:  # what the attempt runs on: training's ranks, an RL run's roles
+    rl = loaded.config.rl
+    return rl.processes() if rl.enabled else f"{loaded.resolved.world_size} rank(s)"
 
 
 def _os_error(exc: BaseException) -> str:
@@ -485,8 +504,8 @@ def dry_run(plan: ResumePlan, python: str) -> str:
 
     loaded = plan.loaded
     run = Path(plan.info.run_dir)
+    key, steps = target_steps(loaded.config)
     header = [f"# dry run: nothing submitted; attempt {plan.info.attempt + 1} of {run} would start from the "
-              f"checkpoint of step {plan.from_step} and train to train.steps={loaded.config.train.steps} on "
-              f"{loaded.resolved.world_size} rank(s)"]
+              f"checkpoint of step {plan.from_step} and train to {key}={steps} on {_ranks(loaded)}"]
     header += [f"#   {key}: {old!r} -> {new!r}" for key, (old, new) in plan.changed.items()]
     return preview(chain_plan(loaded, run, python)).text(header="\n".join(header))

@@ -20,6 +20,10 @@ RUN_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT
 """A run's state in `embodyhpc runs`: its first job (chain order) that has not completed decides, with Slurm's
 words for job states; INTERRUPTED: a local chain whose `submit` process is gone; DAMAGED: run.json unreadable.
 Slurm's rarer end states (OUT_OF_MEMORY, NODE_FAIL, PREEMPTED, ...) appear as they are."""
+INPUT_BOUND_WAIT_FRACTION = 0.1
+"""A run whose steps wait for data this share of their time or more is input-bound (`status` says so)."""
+TRAINING_KINDS = ("train", "rl")
+"""The jobs that train the policy and log its steps (an RL run's rl job: its versions), whose progress status shows."""
 
 
 @dataclass
@@ -33,6 +37,11 @@ class TrainProgress:
     tokens_per_s: float | None
     updated_s_ago: float
     """Seconds since the metrics file last changed."""
+    data_wait_fraction: float | None = None
+    """Whether training is input-bound, at the last log (train/metrics.py): the share of the step spent waiting for
+    data, rank 0's video decode ms per sample and the samples/s its DataLoader workers deliver."""
+    decode_ms_per_sample: float | None = None
+    loader_samples_per_s: float | None = None
 
     @property
     def eta_s(self) -> float | None:
@@ -85,12 +94,23 @@ def train_progress(run_dir: str | Path) -> TrainProgress | None:
     values = line.values
     return TrainProgress(step=line.step, total_steps=planned_steps(run_dir), loss=values.get("loss"),
                          step_time_s=values.get("step_time_s") or None, tokens_per_s=values.get("tokens_per_s"),
-                         updated_s_ago=max(time.time() - line.updated, 0.0))
+                         updated_s_ago=max(time.time() - line.updated, 0.0),
+                         data_wait_fraction=_within(values, "data_wait_fraction", 1.0),
+                         decode_ms_per_sample=_within(values, "data_decode_ms_per_sample", 1e9),
+                         loader_samples_per_s=_within(values, "data_loader_samples_per_s", 1e9))
+
+
+def _within(values: dict[str, float], key: str, most: float) -> float | None:
+    """values[key] when it is a measure this metric can take (0 to `most`); None when absent, or in a file that
+    says otherwise (hand-edited, another tool's): status shows nothing rather than nonsense."""
+    value = values.get(key)
+    return value if value is not None and 0.0 <= value <= most else None
 
 
 def planned_steps(run_dir: str | Path) -> int | None:
-    """train.steps of the run's resolved.yaml (read with the recipe loader's guards; None when unreadable). The
-    whole config is not built: `runs` reads this for every run it lists."""
+    """train.steps of the run's resolved.yaml, rl.iterations for an RL run (rl.enabled: its policy versions are
+    its steps), read with the recipe loader's guards; None when unreadable. The whole config is not built: `runs`
+    reads this for every run it lists."""
     import yaml
 
     from embodyhpc.config.yamlio import MAX_BYTES, load_yaml
@@ -103,8 +123,11 @@ def planned_steps(run_dir: str | Path) -> int | None:
         data = load_yaml(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError, yaml.YAMLError):
         return None
-    steps = (data.get("train") or {}).get("steps") if isinstance(data, dict) and isinstance(
-        data.get("train"), dict) else None
+    if not isinstance(data, dict):
+        return None
+    rl = data.get("rl") if isinstance(data.get("rl"), dict) else {}
+    section, key = ("rl", "iterations") if rl.get("enabled") is True else ("train", "steps")
+    steps = data[section].get(key) if isinstance(data.get(section), dict) else None
     return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
 
 
@@ -131,7 +154,7 @@ def _with_training_error(info: RunInfo, status):
 
     from embodyhpc.rundir import RESULT_FILE
 
-    if status.kind != "train" or status.state != "FAILED":
+    if status.kind not in TRAINING_KINDS or status.state != "FAILED":
         return status
     try:
         record = json.loads((Path(info.run_dir) / RESULT_FILE).read_text(encoding="utf-8"))

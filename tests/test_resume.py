@@ -394,3 +394,44 @@ def test_a_2_process_run_resumes_on_1_process_and_equals_a_1_process_run_from_th
     assert resumed.keys() == uninterrupted.keys()
     assert all((resumed[k] == uninterrupted[k]).all() for k in resumed), "bit-identical parameters"
     assert any(not (resumed[k] == before[k]).all() for k in resumed), "steps 5-8 trained"
+
+
+# ---- an RL run (rl.enabled) resumes like a training run: its versions are its steps, its rl job starts again ----
+RL = ("rl.enabled=true", "model.init_weights=/models/sft", "eval.every_k_checkpoints=0", "rl.iterations=40")
+
+
+def fake_rl_run(root: Path, *, checkpoints: tuple[int, ...] = (20, 40)) -> Path:
+    """fake_run made an RL run: its chain's first job is rl, its checkpoints hold the same model (init_weights
+    changes no tensor: the demo model's DCP template is reused)."""
+    run = fake_run(root, checkpoints=(), overrides=RL)
+    info = RunInfo.load(run)
+    info.jobs = {"rl": JobRecord("rl", job_id="123", state="COMPLETED"),
+                 "report": JobRecord("report", job_id="124", state="COMPLETED")}
+    info.save()
+    demo_model = load_recipe(DEMO, ["data.root=/tmp"], site="local").config.model
+    for step in checkpoints:
+        folder = layout.step_dir(run / "checkpoints", step)
+        folder.mkdir(parents=True)
+        model_checkpoint(folder, demo_model)
+        layout.write_marker(folder, {"step": step})
+    return run
+
+
+def test_an_rl_run_resumes_from_its_newest_version_with_its_rl_job(cli, runs_root):
+    run = fake_rl_run(runs_root)
+    assert "already trained to rl.iterations=40; pass rl.iterations=M to continue" in refused(cli, run)
+    assert "below the step the newest checkpoint holds (40)" in refused(cli, run, "rl.iterations=30")
+    result = cli("resume", str(run), "--dry-run", "rl.iterations=80", "rl.env_workers=2")
+    assert result.code == 0, result.err
+    assert ("would start from the checkpoint of step 40 and train to rl.iterations=80 on 1 actor, 1 rollout, "
+            "2 env process(es)") in result.out
+    assert "rl.iterations: 40 -> 80" in result.out and "rl.env_workers: 1 -> 2" in result.out
+    assert "scripts/rl.sbatch" in result.out and "scripts/train.sbatch" not in result.out
+
+
+@pytest.mark.parametrize("override", ["rl.algorithm=ppo", "rl.noise_level=0.1", "rl.async=true",
+                                      "rl.train_seeds=[5]", "rl.enabled=false"])
+def test_an_rl_run_keeps_what_its_policy_learns_with(cli, runs_root, override):
+    run = fake_rl_run(runs_root)
+    line = refused(cli, run, "rl.iterations=80", override)
+    assert override.partition("=")[0] in line and "cannot change on resume" in line, line

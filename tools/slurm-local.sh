@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # tools/slurm-local.sh — disposable two-node Slurm cluster (with accounting) on a single
-# Debian 12 host, for tests and CI. Needs root; uses neither systemd nor cgroups.
+# Debian 12 host, for tests and CI, plus one node for heterogeneous jobs only (see below).
+# Needs root; uses neither systemd nor cgroups.
 #
 # Usage: tools/slurm-local.sh <command>
 #   install   Install the Debian packages (slurmctld, slurmd, slurm-client, munge, slurmdbd,
 #             mariadb-server). Quick no-op when they are already present.
 #   start     Generate configs under $SLURM_LOCAL_DIR (default /tmp/slurm-local) and start
-#             munged, mariadbd, slurmdbd, slurmctld and one slurmd per node (n1, n2), waiting
+#             munged, mariadbd, slurmdbd, slurmctld and one slurmd per node (n1, n2, n3), waiting
 #             until the nodes are idle and sacct answers. Daemons already running are kept.
 #             Prints the `export SLURM_CONF=...` line clients need.
 #   stop      Cancel all jobs, stop every daemon started here, remove namespaces and bridge.
@@ -17,8 +18,17 @@
 #
 # Layout: every node nI is a slurmd in its own network namespace "slurm-nI" (10.77.0.(10+I)),
 # with its own hostname and a private /etc/hosts (UTS + mount namespace), joined by the
-# bridge slbr0 (10.77.0.1, where slurmctld and slurmdbd listen). Knobs (environment):
-#   SLURM_LOCAL_DIR, SLURM_LOCAL_NODES (2), SLURM_LOCAL_NODE_CPUS (max(nproc,4)),
+# bridge slbr0 (10.77.0.1, where slurmctld and slurmdbd listen).
+# Partitions: debug (the default) holds n1..nN, N = SLURM_LOCAL_NODES; het holds those and
+# SLURM_LOCAL_HET_NODES more (n3). Slurm starts a heterogeneous job only with every component on
+# nodes of its own (the backfill scheduler, the only one that starts them, excludes the nodes of
+# the components it started before: _het_job_start_now in sched/backfill, 22.05 and since), so a
+# 3-group job (the RL job: actor, rollout, env) needs 3 nodes; no partition or QOS setting lets
+# components share a node (measured: OverSubscribe=FORCE pends on Resources, a NoReserve QOS
+# starts 2 components and leaves the third BadConstraints). The extra node is in het only, so
+# every job of the default partition sees the same 2 nodes as before.
+# Knobs (environment):
+#   SLURM_LOCAL_DIR, SLURM_LOCAL_NODES (2), SLURM_LOCAL_HET_NODES (1), SLURM_LOCAL_NODE_CPUS (max(nproc,4)),
 #   SLURM_LOCAL_NODE_MEM_MB (4000), SLURM_LOCAL_NODE_GPUS (0: fake gres/gpu devices),
 #   SLURM_LOCAL_SUBNET (10.77.0), SLURM_LOCAL_MYSQL_PORT (13306).
 # Node CPUs/memory may exceed the real machine: slurmd runs with config_overrides.
@@ -26,6 +36,8 @@ set -euo pipefail
 
 BASE=${SLURM_LOCAL_DIR:-/tmp/slurm-local}
 NODES=${SLURM_LOCAL_NODES:-2}
+HET_NODES=${SLURM_LOCAL_HET_NODES:-1}
+ALL_NODES=$((NODES + HET_NODES))
 _ncpu=$(nproc); [ "$_ncpu" -lt 4 ] && _ncpu=4
 CPUS=${SLURM_LOCAL_NODE_CPUS:-$_ncpu}
 MEM=${SLURM_LOCAL_NODE_MEM_MB:-4000}
@@ -44,7 +56,7 @@ retry() { # retry SECONDS command... : poll every 0.2 s until the command succee
   local deadline=$((SECONDS + $1)); shift
   until "$@" >/dev/null 2>&1; do [ "$SECONDS" -ge "$deadline" ] && return 1; sleep 0.2; done
 }
-node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "n$i"; done; }
+node_names() { local i; for ((i = 1; i <= ALL_NODES; i++)); do echo "n$i"; done; }
 node_ip() { echo "$NET.$((10 + ${1#n}))"; }
 
 do_install() {
@@ -117,12 +129,13 @@ EOF
     mkdir -p "$BASE/dev"; local g
     for ((g = 0; g < GPUS; g++)); do [ -c "$BASE/dev/gpu$g" ] || mknod "$BASE/dev/gpu$g" c 1 3; done
     echo "GresTypes=gpu" >> "$CONF"; gres="Gres=gpu:$GPUS"
-    echo "NodeName=n[1-$NODES] Name=gpu File=$BASE/dev/gpu[0-$((GPUS - 1))]" > "$BASE/etc/gres.conf"
+    echo "NodeName=n[1-$ALL_NODES] Name=gpu File=$BASE/dev/gpu[0-$((GPUS - 1))]" > "$BASE/etc/gres.conf"
   fi
   for n in $(node_names); do
     echo "NodeName=$n NodeAddr=$(node_ip "$n") CPUs=$CPUS RealMemory=$MEM $gres State=UNKNOWN" >> "$CONF"
   done
-  echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >> "$CONF"
+  echo "PartitionName=debug Nodes=n[1-$NODES] Default=YES MaxTime=INFINITE State=UP" >> "$CONF"
+  echo "PartitionName=het Nodes=ALL MaxTime=INFINITE State=UP" >> "$CONF"   # heterogeneous jobs (see the top)
   cat > "$BASE/etc/slurmdbd.conf" <<EOF
 AuthType=auth/munge
 AuthInfo=socket=$MUNGE_SOCK
@@ -198,8 +211,9 @@ up_slurm() {
     nsenter --net="/run/netns/slurm-$n" unshare --mount --uts --propagation private \
       sh -c "mount --bind '$BASE/etc/hosts' /etc/hosts && hostname $n && exec slurmd -f '$CONF' -N $n"
   done
-  # every node registered and responding (busy is fine: start may run under live jobs)
-  retry 60 sh -c "[ \$(sinfo -h -N -o %T | grep -cxE 'idle|mixed|allocated|completing') = $NODES ]" \
+  # every node registered and responding (busy is fine: start may run under live jobs); sinfo -N lists a node
+  # once per partition it is in
+  retry 60 sh -c "[ \$(sinfo -h -N -o '%N %T' | sort -u | grep -cE ' (idle|mixed|allocated|completing)\$') = $ALL_NODES ]" \
     || { sinfo -N >&2; fail "nodes did not come up"; }
   retry 30 sacct -n -X -S now || fail "sacct not answering"
 }

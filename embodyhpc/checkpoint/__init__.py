@@ -2,13 +2,13 @@
 marked complete; retention; resume on any world size; export of consolidated safetensors weights.
 
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint, seed=cfg.train.seed)   # every rank
-    loaded = ckpt.load_latest(model, optimizer)          # None on a fresh run; restores RNG streams
+    loaded = ckpt.load_latest(model, optimizer, ema=ema)  # None on a fresh run; restores RNG streams (ema: optional)
     start = loaded.step + 1 if loaded else 1
     ...
         if ckpt.due(step):
-            ckpt.save(step, model, optimizer, sampler_state=sampler.state_dict(), extra={...})
-    ckpt.save(last_step, model, optimizer, ..., blocking=True)
-    ckpt.export(run_dir / "export", config_yaml=resolved_yaml_text)
+            ckpt.save(step, model, optimizer, sampler_state=sampler.state_dict(), extra={...}, ema=ema)
+    ckpt.save(last_step, model, optimizer, ..., blocking=True, ema=ema)
+    ckpt.export(run_dir / "export", config_yaml=resolved_yaml_text, weights_kind=None)  # ema | raw | None
     ckpt.close()
 
 The names below import torch when first used; `embodyhpc.checkpoint.layout` (folders, markers, pins) does not, so

@@ -5,7 +5,8 @@ Every method is called by every rank at the same point of the loop (they run col
 A save, in order (see layout.py for the folder):
 1. wait for the previous save (one save in flight at most: bounded memory, and the group has one user);
 2. rank 0 removes an unmarked folder of the same step (a crash leftover that DCP would otherwise mix into);
-3. every rank writes its RNG file, rank 0 trainer.json; DCP stages model + optimizer to CPU memory;
+3. every rank writes its RNG file, rank 0 trainer.json; DCP stages model + optimizer (+ the weights' moving
+   average, train/ema.py, when the run keeps one) to CPU memory;
 4. async: DCP writes in a background thread and the loop goes on -- the stall is steps 1-3 only;
 5. when every rank's write is done (agreed by a reduction on the checkpoint group), rank 0 writes the marker,
    points `latest` at the folder and applies retention; a second agreement makes every rank see the result.
@@ -25,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -41,6 +42,7 @@ from embodyhpc.checkpoint.state import (
     MODEL_KEY,
     TrainerState,
     apply_model_and_optim_state,
+    has_ema,
     match_extra_state_request,
     match_optimizer_request,
     model_and_optim_state,
@@ -51,6 +53,14 @@ from embodyhpc.config.schema import CheckpointConfig
 
 log = logging.getLogger(__name__)
 MARKER_VERSION = 1
+
+
+class WeightsAverage(Protocol):
+    """What the checkpointer needs of the weights' moving average (train/ema.py ParameterEMA)."""
+
+    decay: float
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,9 @@ class LoadResult:
     saved_world_size: int
     rng_restored: bool
     """False when the world size changed: every rank was reseeded from (seed, step, rank) instead."""
+    ema_restored: bool = False
+    """True when an `ema` was given and the checkpoint held one, which was loaded into it; False leaves the `ema`
+    given as it was (a checkpoint saved without a moving average: the caller starts one from the loaded weights)."""
 
 
 class Checkpointer:
@@ -110,9 +123,10 @@ class Checkpointer:
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, *,
              sampler_state: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
-             blocking: bool | None = None) -> SaveResult:
+             blocking: bool | None = None, ema: WeightsAverage | None = None) -> SaveResult:
         """Save `step`; async unless `blocking` (default: not cfg.async_save). Use blocking=True for the last save
-        of a job (preemption, end of training): the job must not exit before the data is safe."""
+        of a job (preemption, end of training): the job must not exit before the data is safe. `ema`: the weights'
+        moving average, saved beside them (its decay goes into the marker)."""
         start = time.perf_counter()
         is_async = self.cfg.async_save if blocking is None else not blocking
         self.wait()
@@ -125,18 +139,19 @@ class Checkpointer:
         rng_error = _try(lambda: rng.save_rng_file(layout.rng_file(folder, self.group.rank), rng.capture_rng_state()))
         if not self.group.all_true(rng_error is None):  # before DCP's collectives, which would wait for this rank
             raise CheckpointError(f"writing RNG state for {folder.name} failed: {rng_error or 'on another rank'}")
-        state = model_and_optim_state(model, optimizer)
+        state = model_and_optim_state(model, optimizer, None if ema is None else ema.state_dict())
+        ema_decay = None if ema is None else ema.decay
         if is_async:
             # Staging (the CPU copy) happens inside async_save, before it returns: training may change the
-            # parameters right after without touching what is written.
+            # parameters (and their average) right after without touching what is written.
             future = dcp.async_save(state, checkpoint_id=folder, async_stager=self._stager, **self._dcp_group())
             stall_s = time.perf_counter() - start
-            self._pending = self._finisher.submit(self._finish, future, step, start, stall_s, True)
+            self._pending = self._finisher.submit(self._finish, future, step, start, stall_s, True, ema_decay)
             self._pending_step = step
         else:
             dcp.save(state, checkpoint_id=folder, **self._dcp_group())
             stall_s = time.perf_counter() - start
-            self._finish(None, step, start, stall_s, False)
+            self._finish(None, step, start, stall_s, False, ema_decay)
             stall_s = time.perf_counter() - start
         return SaveResult(step, folder, stall_s, is_async)
 
@@ -146,7 +161,8 @@ class Checkpointer:
             return {"process_group": self.group.group}
         return {"no_dist": True}
 
-    def _finish(self, future: Future | None, step: int, start: float, stall_s: float, is_async: bool) -> None:
+    def _finish(self, future: Future | None, step: int, start: float, stall_s: float, is_async: bool,
+                ema_decay: float | None = None) -> None:
         """Every rank, after its own DCP write: agree all ranks wrote, then rank 0 marks, points and prunes."""
         error: BaseException | None = None
         if future is not None:
@@ -161,7 +177,7 @@ class Checkpointer:
         info = {"version": MARKER_VERSION, "step": step, "world_size": self.group.world_size, "async": is_async,
                 "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "wall_s": round(time.perf_counter() - start, 4), "stall_s": round(stall_s, 4),
-                "torch": torch.__version__}
+                "torch": torch.__version__, "ema_decay": ema_decay}
         self.group.on_rank0(f"completing {folder.name}", lambda: self._complete(folder, step, info))
         if self.on_complete is not None and self.group.is_rank0:
             try:
@@ -205,17 +221,22 @@ class Checkpointer:
         step = self.group.broadcast_int(-1 if local is None else local)
         return None if step < 0 else step
 
-    def load_latest(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> LoadResult | None:
-        """Load the newest complete checkpoint into `model` and `optimizer` (None when there is none: a fresh run).
+    def load_latest(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                    ema: WeightsAverage | None = None) -> LoadResult | None:
+        """Load the newest complete checkpoint into `model` and `optimizer` (and `ema`, when it holds a moving
+        average: LoadResult.ema_restored); None when there is none: a fresh run.
 
         Call it after the model is sharded and before the data iterators start drawing: it restores RNG streams.
         """
         self.wait()
         step = self.newest_complete_step()
-        return None if step is None else self.load(step, model, optimizer)
+        return None if step is None else self.load(step, model, optimizer, ema=ema)
 
-    def load(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> LoadResult:
-        """Load step-N (which must be complete) into `model` and `optimizer`, restore trainer state and RNG."""
+    def load(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+             ema: WeightsAverage | None = None) -> LoadResult:
+        """Load step-N (which must be complete) into `model` and `optimizer`, restore trainer state and RNG; into
+        `ema` too (its tensors, in place, resharded like the parameters) when the checkpoint holds a moving average.
+        A checkpoint's average that no `ema` asks for is left on disk."""
         self.wait()
         folder = layout.step_dir(self.root, step)
         # Agreed, so that a rank whose view of the filesystem lags raises together with the others instead of
@@ -228,8 +249,9 @@ class Checkpointer:
             raise CheckpointError(f"{folder} cannot be resumed from: "
                                   f"{getattr(wrong, 'message', wrong) or 'its record disagrees on another rank'}")
         saved_world_size = int(layout.read_marker(folder)["world_size"])
-        state = model_and_optim_state(model, optimizer)
         saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+        ema_restored = ema is not None and has_ema(saved)  # the same on every rank: the same metadata
+        state = model_and_optim_state(model, optimizer, ema.state_dict() if ema_restored else None)
         match_optimizer_request(state, set(saved))  # the same decision on every rank: same names, same metadata
         kept = match_extra_state_request(state, saved)
         try:
@@ -249,7 +271,7 @@ class Checkpointer:
             log.warning("%s was saved on %d ranks, resuming on %d: RNG streams are reseeded from "
                         "(seed=%d, step=%d, rank), not continued", folder.name, saved_world_size,
                         self.group.world_size, self.seed, step)
-        return LoadResult(step, folder, loaded[0], saved_world_size, rng_restored)
+        return LoadResult(step, folder, loaded[0], saved_world_size, rng_restored, ema_restored)
 
     def _restore_local(self, folder: Path, step: int, rng_restored: bool) -> TrainerState:
         trainer = read_trainer_state(folder)
@@ -263,9 +285,11 @@ class Checkpointer:
 
     # ---- export ----
     def export(self, out_dir: str | Path, *, config_yaml: str, step: int | None = None,
-               side_files: Mapping[str, str | Path | None] | None = None) -> Path | None:
+               side_files: Mapping[str, str | Path | None] | None = None,
+               weights_kind: str | None = None) -> Path | None:
         """Consolidated weights (one safetensors file) + the resolved config (+ `side_files`, hashed into
-        export.json: export.export_consolidated), from a complete checkpoint.
+        export.json: export.export_consolidated), from a complete checkpoint. `weights_kind`: ema, raw, or None
+        (ema when the checkpoint has a moving average): eval.weights_kind, export.choose_weights.
 
         Every rank calls it; rank 0 reads the DCP files by itself (no collectives) while the others wait, so
         that no rank tears the job down before the file exists. Returns the weights path on rank 0.
@@ -277,7 +301,7 @@ class Checkpointer:
         folder = layout.step_dir(self.root, chosen)
         return self.group.on_rank0(f"exporting {folder.name}",
                                    lambda: export_consolidated(folder, Path(out_dir), config_yaml=config_yaml,
-                                                               side_files=side_files))
+                                                               side_files=side_files, weights_kind=weights_kind))
 
     def close(self) -> None:
         """Finish the save in flight (a job must not exit under it), then stop the finisher thread."""

@@ -5,6 +5,13 @@ every shard of every saving rank into a plain full-size tensor, without collecti
 rank 0 alone, after the job (`embodyhpc export`), or inside an evaluation job. Only the model's entries are read;
 the optimizer (2x the weights for AdamW) stays on disk. Peak memory: the full model, once, on the CPU.
 
+Which weights (`weights_kind`, the recipe's eval.weights_kind; `choose_weights`): a checkpoint of a run with
+train.ema_decay holds, beside the parameters (`model.<name>`), their moving average (`ema.<name>`, fp32). The export
+holds the average (ema: every averaged parameter is read from `ema.<name>` instead, cast to the parameter's saved
+dtype; buffers and frozen parameters from `model.`) or the optimizer's weights (raw); unset, the average when there
+is one. export.json says which (`weights_kind`), and an export of the average is built from something else than one
+of the raw weights (`built_from`), so neither is ever reused in the other's place.
+
     <out_dir>/
         model.safetensors   the model's state_dict (parameter names of the plain, unwrapped module)
         config.yaml         the resolved recipe the weights were trained with, as given
@@ -41,6 +48,7 @@ from embodyhpc.checkpoint.integrity import (
     REEXPORT,
     SIDE_FILES_KEY,
     WEIGHTS_FILE,
+    WEIGHTS_KIND_KEY,
     check_side_name,
     checkpoint_id,
     safetensors_header,
@@ -49,20 +57,56 @@ from embodyhpc.checkpoint.integrity import (
     side_file_hashes,
     verify_export,
 )
-from embodyhpc.checkpoint.state import MODEL_KEY, is_module_extra_state
+from embodyhpc.checkpoint.state import EMA_KEY, MODEL_KEY, is_module_extra_state
 
-__all__ = ["CONFIG_FILE", "EXPORT_JSON", "WEIGHTS_FILE", "built_from", "consolidated_model_state",
-           "export_consolidated", "load_exported", "model_entries"]
+__all__ = ["CONFIG_FILE", "EXPORT_JSON", "WEIGHTS_FILE", "WEIGHTS_KIND_KEY", "built_from", "choose_weights",
+           "consolidated_model_state", "export_consolidated", "has_average", "load_exported", "model_entries"]
+
+_DAMAGED = "the checkpoint is damaged: evaluate another step-N folder"
+_NO_AVERAGE_FIX = "evaluate its raw weights: eval.weights_kind=raw (or unset, which takes what the checkpoint has)"
 
 
-def consolidated_model_state(folder: str | Path) -> dict[str, torch.Tensor]:
-    """The full model state dict of a complete checkpoint folder, in the dtypes it was saved in."""
+def choose_weights(requested: str | None, has_ema: bool, *, where: str) -> str:
+    """The weights an export of a checkpoint holds: `requested` (eval.weights_kind: "ema" or "raw"), or when None
+    "ema" if the checkpoint holds a moving average (`has_ema`), else "raw". "ema" for a checkpoint without one is
+    refused in one line (NotACheckpointError naming `where`)."""
+    if requested not in (None, "ema", "raw"):
+        raise ValueError(f"weights_kind must be ema, raw or None, got {requested!r}")
+    if requested is None:
+        return "ema" if has_ema else "raw"
+    if requested == "ema" and not has_ema:
+        raise NotACheckpointError("holds no moving average of the weights (eval.weights_kind=ema; the run trained "
+                                  "with train.ema_decay: null)", where=where, fix=_NO_AVERAGE_FIX)
+    return requested
+
+
+def has_average(folder: str | Path) -> bool:
+    """Whether a complete checkpoint folder holds a moving average of the weights (its metadata's EMA entries)."""
+    return bool(_entries(Path(folder), EMA_KEY, required=False)[1])
+
+
+def consolidated_model_state(folder: str | Path, weights_kind: str = "raw") -> dict[str, torch.Tensor]:
+    """The full model state dict of a complete checkpoint folder, in the dtypes it was saved in; with
+    weights_kind="ema" every parameter the checkpoint averaged holds its average instead (cast to the parameter's
+    saved dtype), and a checkpoint without an average is refused."""
     folder = Path(folder)
     reader, entries = _model_entries(folder)
-    prefix = MODEL_KEY + "."
-    state = {prefix + key: torch.empty(size, dtype=dtype) for key, (dtype, size) in entries.items()}
-    # Keys are DCP's flattened names ("model.<fqn>"), which match the flat dict as given. no_dist: one process
-    # reads every shard, no collectives (DCP warns about exactly that when no process group is up).
+    average: dict[str, tuple[torch.dtype, torch.Size]] = {}
+    if weights_kind == "ema":
+        average = _entries(folder, EMA_KEY, required=False)[1]
+        choose_weights("ema", bool(average), where=str(folder))
+        odd = sorted(name for name in average if name not in entries or entries[name][1] != average[name][1])
+        if odd:
+            raise NotACheckpointError(f"its moving average of {odd[0]!r} matches no model tensor of that shape",
+                                      where=str(folder), fix=_DAMAGED)
+    elif weights_kind != "raw":
+        raise ValueError(f"weights_kind must be ema or raw, got {weights_kind!r}")
+    # Keys are DCP's flattened names ("model.<fqn>", "ema.<fqn>"), which match the flat dict as given: each name is
+    # read once, from the average where there is one. no_dist: one process reads every shard, no collectives (DCP
+    # warns about exactly that when no process group is up).
+    state = {f"{EMA_KEY}.{key}" if key in average else f"{MODEL_KEY}.{key}":
+             torch.empty(size, dtype=average[key][0] if key in average else dtype)
+             for key, (dtype, size) in entries.items()}
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -70,7 +114,8 @@ def consolidated_model_state(folder: str | Path) -> dict[str, torch.Tensor]:
     except (Exception, CheckpointException) as exc:  # a BaseException wrapping each rank's failure, many lines
         raise NotACheckpointError(f"its shards cannot be read ({last_line(exc)})", where=str(folder),
                                   fix="the checkpoint is damaged: evaluate another step-N folder") from None
-    return {key[len(prefix):]: tensor for key, tensor in state.items()}
+    weights = {key.partition(".")[2]: tensor for key, tensor in state.items()}
+    return {key: tensor.to(entries[key][0]) for key, tensor in weights.items()}
 
 
 def model_entries(folder: str | Path) -> dict[str, tuple[torch.dtype, torch.Size]]:
@@ -80,6 +125,13 @@ def model_entries(folder: str | Path) -> dict[str, tuple[torch.dtype, torch.Size
 
 
 def _model_entries(folder: Path) -> tuple[FileSystemReader, dict[str, tuple[torch.dtype, torch.Size]]]:
+    return _entries(folder, MODEL_KEY, required=True)
+
+
+def _entries(folder: Path, top: str, *, required: bool) -> tuple[FileSystemReader,
+                                                                 dict[str, tuple[torch.dtype, torch.Size]]]:
+    """{name: (dtype, shape)} of the `top` entries (MODEL_KEY, EMA_KEY) of a complete checkpoint folder, their shard
+    files checked; none found is refused when `required`."""
     if not layout.is_complete(folder):
         raise NotACheckpointError(f"no {layout.MARKER} marker: not a complete checkpoint", where=str(folder),
                                   fix="pass a step-N folder that has the marker (checkpoints/latest names one)")
@@ -93,7 +145,7 @@ def _model_entries(folder: Path) -> tuple[FileSystemReader, dict[str, tuple[torc
     except Exception as exc:  # a truncated or garbage pickle: any of a dozen exception types
         raise NotACheckpointError(f"unreadable {DCP_METADATA} ({type(exc).__name__})", where=str(folder),
                                   fix="the checkpoint is damaged: evaluate another step-N folder") from None
-    prefix = MODEL_KEY + "."
+    prefix = top + "."
     entries: dict[str, tuple[torch.dtype, torch.Size]] = {}
     for key, meta in items:
         if not key.startswith(prefix) or is_module_extra_state(key):
@@ -102,8 +154,8 @@ def _model_entries(folder: Path) -> tuple[FileSystemReader, dict[str, tuple[torc
             raise NotACheckpointError(f"model entry {key!r} is not a tensor; safetensors holds tensors only",
                                       where=str(folder))
         entries[key[len(prefix):]] = (meta.properties.dtype, meta.size)
-    if not entries:
-        raise NotACheckpointError(f"no {MODEL_KEY!r} entries in the checkpoint", where=str(folder))
+    if not entries and required:
+        raise NotACheckpointError(f"no {top!r} entries in the checkpoint", where=str(folder))
     sizes: dict[str, int | None] = {}
     for index, info in (getattr(metadata, "storage_data", None) or {}).items():
         if not getattr(index, "fqn", "").startswith(prefix) or is_module_extra_state(index.fqn):
@@ -122,16 +174,23 @@ def _model_entries(folder: Path) -> tuple[FileSystemReader, dict[str, tuple[torc
     return reader, entries
 
 
-def built_from(folder: str | Path, config_yaml: str) -> dict[str, str]:
-    """The key of an export: the checkpoint folder, what is in it, and the recipe it is exported with."""
-    return {"checkpoint": str(Path(folder).resolve()), "checkpoint_id": checkpoint_id(folder),
-            "config_sha256": sha256_text(config_yaml)}
+def built_from(folder: str | Path, config_yaml: str, weights_kind: str = "raw") -> dict[str, str]:
+    """The key of an export: the checkpoint folder, what is in it, the recipe it is exported with, and for an export
+    of the moving average that it is one (an export of the raw weights has the key exports had before averages)."""
+    key = {"checkpoint": str(Path(folder).resolve()), "checkpoint_id": checkpoint_id(folder),
+           "config_sha256": sha256_text(config_yaml)}
+    if weights_kind != "raw":
+        key[WEIGHTS_KIND_KEY] = weights_kind
+    return key
 
 
 def export_consolidated(folder: str | Path, out_dir: str | Path, *, config_yaml: str,
                         dtype: torch.dtype | None = None, side_files: Mapping[str, str | Path | None] | None = None,
-                        ) -> Path:
+                        weights_kind: str | None = None) -> Path:
     """Write <out_dir>/model.safetensors, config.yaml and export.json from a complete checkpoint folder.
+
+    `weights_kind`: "ema", "raw", or None for the average when the checkpoint has one (choose_weights; the module
+    docstring); export.json's `weights_kind` records the choice.
 
     `dtype` casts floating-point tensors (e.g. torch.bfloat16 to halve the file); None keeps the saved dtypes.
     `side_files`: {file name: the file to copy in as that name, or None for one the export does not have (a copy
@@ -142,7 +201,8 @@ def export_consolidated(folder: str | Path, out_dir: str | Path, *, config_yaml:
 
     folder, out_dir = Path(folder), Path(out_dir)
     marker = layout.read_marker(folder) if layout.is_complete(folder) else {}
-    tensors = consolidated_model_state(folder)
+    kind = choose_weights(weights_kind, has_average(folder), where=str(folder))
+    tensors = consolidated_model_state(folder, kind)
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     tensors = {k: v.contiguous() for k, v in tensors.items()}
@@ -151,16 +211,17 @@ def export_consolidated(folder: str | Path, out_dir: str | Path, *, config_yaml:
     step = marker.get("step")
     weights = out_dir / WEIGHTS_FILE
     replace_atomically(weights, lambda tmp: save_file(tensors, str(tmp), metadata={
-        "format": "pt", "step": str(step), "source": folder.name}))
+        "format": "pt", "step": str(step), "source": folder.name, WEIGHTS_KIND_KEY: kind}))
     replace_atomically(out_dir / CONFIG_FILE, lambda tmp: tmp.write_text(config_yaml))
     if side_files is not None:
         _copy_side_files(side_files, out_dir)
     summary: dict[str, Any] = {
-        "step": step, "source": str(folder.resolve()), "weights": WEIGHTS_FILE, "config": CONFIG_FILE,
+        "step": step, "source": str(folder.resolve()), "weights": WEIGHTS_FILE, WEIGHTS_KIND_KEY: kind,
+        "ema_decay": marker.get("ema_decay") if kind == "ema" else None, "config": CONFIG_FILE,
         "num_tensors": len(tensors), "num_parameters": sum(t.numel() for t in tensors.values()),
         "dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()}),
         "bytes": weights.stat().st_size, "sha256": sha256_file(weights), "config_sha256": sha256_text(config_yaml),
-        "tensors": safetensors_header(weights), "built_from": built_from(folder, config_yaml),
+        "tensors": safetensors_header(weights), "built_from": built_from(folder, config_yaml, kind),
     }
     if side_files is not None:
         summary[SIDE_FILES_KEY] = side_file_hashes(out_dir, side_files)

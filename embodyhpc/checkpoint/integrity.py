@@ -8,8 +8,11 @@ export.json records, besides step and counts:
     config_sha256   hash of config.yaml (the recipe the weights are built with)
     tensors         {name: [dtype, shape]} as the safetensors header holds them
     built_from      {"checkpoint": folder, "checkpoint_id": sha256 of its .metadata and .complete marker,
-                     "config_sha256": the recipe the checkpoint was exported with}: what the export is of; an
-                    export of another checkpoint or recipe is never reused in its place
+                     "config_sha256": the recipe the checkpoint was exported with, and "weights_kind": "ema" for an
+                     export of the weights' moving average}: what the export is of; an export of another
+                    checkpoint, recipe or kind of weights is never reused in its place
+    weights_kind    "ema" (the moving average of train.ema_decay) or "raw" (the optimizer's weights); absent in
+                    exports written before the choice existed, which hold the raw weights
     side_files      {name: sha256 or null} of every other file the policy's behaviour depends on
                     (normalization.json, policy_io.json, the tokenizer copy: the writer names them), null for one
                     the export does not have
@@ -41,6 +44,8 @@ from embodyhpc.checkpoint.errors import NotACheckpointError
 
 WEIGHTS_FILE, CONFIG_FILE, EXPORT_JSON = "model.safetensors", "config.yaml", "export.json"
 DCP_METADATA = ".metadata"
+WEIGHTS_KIND_KEY = "weights_kind"
+"""export.json's (and built_from's) record of which weights an export holds: "ema" or "raw"."""
 _HASH_BLOCK_BYTES = 8 * 1024 * 1024
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,

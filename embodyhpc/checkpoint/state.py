@@ -1,4 +1,5 @@
-"""What a checkpoint holds besides RNG streams: model + optimizer (sharded, through DCP) and the trainer state.
+"""What a checkpoint holds besides RNG streams: model + optimizer (+ the weights' moving average when the run keeps
+one, train.ema_decay: under EMA_KEY, named as the model's entries) (sharded, through DCP) and the trainer state.
 
 Model and optimizer go through torch.distributed.checkpoint.state_dict: it names every entry by the module's
 fully-qualified parameter name whatever wraps it (FSDP2, activation checkpointing, compile), and hands DCP the
@@ -31,6 +32,9 @@ from embodyhpc.checkpoint.layout import TRAINER_JSON
 
 TRAINER_STATE_VERSION = 1
 MODEL_KEY, OPTIM_KEY = "model", "optim"  # top-level keys of the DCP state; export reads MODEL_KEY
+EMA_KEY = "ema"
+"""The moving average of the weights (train/ema.py), when the run keeps one: {state-dict name: fp32 DTensor shard},
+named as MODEL_KEY's entries; an export may read it in their place (export.py)."""
 
 
 @dataclass
@@ -45,14 +49,27 @@ class TrainerState:
     """Anything else the loop needs back (LR scheduler state, token counters): JSON data only."""
 
 
-def model_and_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def model_and_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer,
+                          ema: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """The DCP state to save, or to load into: each rank's local shards, nothing is gathered.
 
     For an optimizer that has not stepped yet, get_state_dict creates its state (a zero-lr step), so a fresh
-    optimizer has every entry DCP needs to load into.
+    optimizer has every entry DCP needs to load into. `ema`: the weights' moving average (ParameterEMA.state_dict(),
+    its live tensors, which DCP's load fills in place), under EMA_KEY; None leaves the key out.
     """
     model_state, optim_state = get_state_dict(model, optimizer)
-    return {MODEL_KEY: model_state, OPTIM_KEY: optim_state}
+    state = {MODEL_KEY: model_state, OPTIM_KEY: optim_state}
+    if ema is not None:
+        unknown = sorted(set(ema) - set(model_state))
+        if unknown:  # an export could not put them in place of the model's entries
+            raise KeyError(f"the EMA names {len(unknown)} tensors the model's state dict does not (e.g. {unknown[0]})")
+        state[EMA_KEY] = ema
+    return state
+
+
+def has_ema(saved_keys: set[str] | dict[str, Any]) -> bool:
+    """Whether a checkpoint (its flattened state_dict_metadata keys) holds a moving average of the weights."""
+    return any(key.startswith(EMA_KEY + ".") for key in saved_keys)
 
 
 def match_optimizer_request(state: dict[str, Any], saved_keys: set[str]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import keyword
 import os
 import re
 from collections.abc import Callable
@@ -63,7 +64,53 @@ class LoadedRecipe:
 
 
 def dump_yaml(config: Config) -> str:
-    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False, default_flow_style=False)
+    return yaml.safe_dump(config_data(config), sort_keys=False, default_flow_style=False)
+
+
+def config_data(config: Config) -> dict[str, Any]:
+    """The config as plain data under its recipe keys (what resolved.yaml and MLflow's params hold)."""
+    return _renamed(dataclasses.asdict(config), Config, to_fields=False)
+
+
+# ---------------------------------------------------------------- recipe keys and field names
+
+def recipe_key(name: str) -> str:
+    """A schema field's key in a recipe: the field `async_` is the key `async` (a Python keyword cannot name a
+    field); every other field is its own key. Applied to each part of a dotted key."""
+    return ".".join(part[:-1] if part.endswith("_") and keyword.iskeyword(part[:-1]) else part
+                    for part in name.split("."))
+
+
+def recipe_fields(cls: type) -> dict[str, Any]:
+    """A schema dataclass's fields under their recipe keys."""
+    return {recipe_key(name): hint for name, hint in field_types(cls).items()}
+
+
+def _renamed(data: dict[str, Any], cls: type, *, to_fields: bool) -> dict[str, Any]:
+    """`data` with the keys of `cls`'s fields (nested sections too) renamed from recipe keys to field names
+    (to_fields) or back; keys inside the schema's own mappings (site.env, model.options) stay as they are."""
+    fields = field_types(cls)
+    by_key = {recipe_key(name): name for name in fields}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = by_key.get(key) if to_fields else key if key in fields else None
+        if name is None:
+            out[key] = value
+            continue
+        hint = fields[name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = _renamed(value, hint, to_fields=to_fields)
+        out[name if to_fields else recipe_key(name)] = value
+    return out
+
+
+def _in_recipe_keys(exc: ConfigError) -> ConfigError:
+    """An error of the schema's (whose keys are field names) in the recipe's keys."""
+    key = recipe_key(exc.key) if exc.key else exc.key
+    related = tuple(recipe_key(k) for k in exc.related)
+    if key == exc.key and related == tuple(exc.related):
+        return exc
+    return ConfigError(exc.message, where=exc.where, key=key, related=related, fix=exc.fix)
 
 
 
@@ -148,7 +195,7 @@ def _parse(source: Source, *, allow_empty: bool = False) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"top level must be a mapping of sections, got {type(data).__name__}",
                           where=source.name)
-    known = set(field_types(Config)) | {"base"}
+    known = set(recipe_fields(Config)) | {"base"}
     if data and not any(isinstance(key, str) and difflib.get_close_matches(key, known, n=1, cutoff=0.75)
                         for key in data):
         # no recipe section at all: not a recipe; naming its keys could disclose the file
@@ -161,7 +208,7 @@ def _parse(source: Source, *, allow_empty: bool = False) -> dict[str, Any]:
 
 def _check_keys(data: dict[str, Any], cls: type, prefix: str, where: str) -> None:
     """Reject keys the schema does not know, with a suggestion."""
-    fields = field_types(cls)
+    fields = recipe_fields(cls)
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if not isinstance(key, str):
@@ -394,9 +441,9 @@ def merge_recipe(recipe: str, overrides: list[str] | tuple[str, ...] = (), site:
         # a run's own resolved.yaml (resume) is what its jobs already read: only what changes now is checked
         credentials.check_values(combined, lambda key: _where(key, provenance),
                                  skip=lambda key: _where(key, provenance) in frozen)
-        config = build(Config, combined)
+        config = build(Config, _renamed(combined, Config, to_fields=True))
     except ConfigError as exc:
-        raise located(exc, provenance) from exc
+        raise located(_in_recipe_keys(exc), provenance) from exc
     assert isinstance(config, Config)
     return config, provenance, source.name, site_source.name if site_source else None
 
@@ -422,9 +469,10 @@ def read_config_file(path: str | Path, check: Callable[[Config], object] | None 
     data = _parse(_read_path(path))
     _check_keys(data, Config, "", str(path))
     try:
-        config = build(Config, data)
+        config = build(Config, _renamed(data, Config, to_fields=True))
         if check is not None:
             check(config)
     except ConfigError as exc:
+        exc = _in_recipe_keys(exc)
         raise ConfigError(exc.message, where=str(path), key=exc.key, fix=exc.fix) from exc
     return config

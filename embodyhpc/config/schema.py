@@ -15,6 +15,7 @@ from typing import Any
 
 from embodyhpc.config import checks, nccl_values
 from embodyhpc.config.network import NetworkConfig
+from embodyhpc.config.rl_schema import RLConfig
 from embodyhpc.errors import ConfigError
 
 
@@ -88,6 +89,8 @@ class ResourcesConfig:
 
 DATA_FORMATS = ("synthetic", "lerobot", "hdf5")
 ON_BAD_SAMPLE = ("error", "skip")
+IMAGE_DTYPES = ("float32", "uint8")
+DECODE_DEVICES = ("cpu", "cuda", "auto")
 COLLECTIVE_TIMEOUT_S = 300.0
 """How long a training rank waits in a collective (its process group and the gloo side group) before failing."""
 
@@ -116,9 +119,35 @@ class DataConfig:
     """The longest a rank waits for one micro-batch from its DataLoader workers before the run fails saying a
     worker is stuck (a hung file system, a decoder that never returns). Below COLLECTIVE_TIMEOUT_S, so that the
     stuck rank, not a peer timing out in a collective, names the reason."""
+    image_dtype: str = "float32"
+    """How camera frames travel from the DataLoader workers to the model. float32: LeRobot's items (C, H, W) in
+    [0, 1], resized in the workers. uint8: the decoded bytes as they are: 4x less shared and pinned memory and a 4x
+    smaller host-to-device copy; the conversion to float, the division by 255 and the resize run on the training
+    device after the copy, in the model's input path (the batch's `to`), with the same values."""
+    decode_device: str = "cpu"
+    """Where video frames are decoded. cpu: FFmpeg in the DataLoader workers. cuda: torchcodec's NVDEC decoder on
+    the rank's GPU, in workers started with spawn (CUDA does not survive a fork), frames copied back as uint8;
+    refused where no GPU is visible. auto: cuda where a GPU and torchcodec's CUDA decoder work, else cpu."""
+    gop_window_batches: int = 0
+    """0 (default): micro-batches in the sampler's order. W > 0: each rank's next W micro-batches are regrouped so
+    that samples of one video file and nearby frames share a micro-batch (they share seeks and decoded GOPs); every
+    window, and so every epoch, draws the same samples as with 0, and resumes on any world size neither repeat nor
+    skip (data/gop_order.py). It pays only where a window holds a sizeable share of the dataset (bench/data_loader.py
+    with W=8 x 32: +10-20% samples/s on 900 frames, none on 9000), and micro-batches become less varied (the
+    pi0.5 demo's loss after 200 steps was higher with W=8 for 5 seeds of 5): measure both before turning it on."""
 
     def __post_init__(self) -> None:
         checks.choice("data.format", self.format, DATA_FORMATS)
+        # at most 64: wider windows regroup so much of an epoch that a micro-batch becomes a run of one episode
+        if (isinstance(self.gop_window_batches, bool) or not isinstance(self.gop_window_batches, int)
+                or not 0 <= self.gop_window_batches <= 64):
+            raise ConfigError(f"must be a whole number of micro-batches from 0 to 64, got "
+                              f"{self.gop_window_batches!r}", key="data.gop_window_batches",
+                              fix="set data.gop_window_batches=0 (off) or a small window such as 8")
+        if self.gop_window_batches and self.format != "lerobot":
+            raise ConfigError(f"groups samples by video file, and data.format {self.format!r} has no video files",
+                              key="data.gop_window_batches", related=("data.format",),
+                              fix="set data.gop_window_batches=0")
         if self.format != "synthetic" and not self.root:
             raise ConfigError(f"format {self.format!r} needs a dataset folder", key="data.root",
                               related=("data.format",), fix="set data.root=/path/to/dataset")
@@ -127,6 +156,8 @@ class DataConfig:
         checks.positive("data.synthetic_step_s", self.synthetic_step_s, allow_zero=True)
         checks.choice("data.on_bad_sample", self.on_bad_sample, ON_BAD_SAMPLE)
         checks.positive("data.batch_timeout_s", self.batch_timeout_s)
+        checks.choice("data.image_dtype", self.image_dtype, IMAGE_DTYPES)
+        checks.choice("data.decode_device", self.decode_device, DECODE_DEVICES)
         if self.batch_timeout_s >= COLLECTIVE_TIMEOUT_S:
             raise ConfigError(f"{self.batch_timeout_s:g} s is not below the {COLLECTIVE_TIMEOUT_S:g} s the other "
                               "ranks wait in a collective: they would fail first, without the stuck rank's reason",
@@ -286,12 +317,20 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 10
     """Steps between metric logs."""
+    ema_decay: float | None = None
+    """An exponential moving average of the trainable weights, ema = d * ema + (1 - d) * weights after every
+    optimizer step (fp32, sharded like the parameters, saved in checkpoints); null = none. openpi trains pi0/pi0.5
+    with 0.99 (its TrainConfig default) and turns it off for LoRA; GR00T's fine-tuning keeps none. Which weights
+    evaluations and exports use: eval.weights_kind."""
 
     def __post_init__(self) -> None:
         for key in ("steps", "global_batch_size", "micro_batch_size", "lr", "log_every"):
             checks.positive(f"train.{key}", getattr(self, key))
         for key in ("weight_decay", "warmup_steps", "grad_clip"):
             checks.positive(f"train.{key}", getattr(self, key), allow_zero=True)
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:  # NaN fails this too
+            raise ConfigError(f"must lie strictly between 0 and 1, got {self.ema_decay}", key="train.ema_decay",
+                              fix="set train.ema_decay=0.99 (openpi's default), or null for no EMA")
 
 
 @dataclass(frozen=True)
@@ -331,6 +370,8 @@ class CheckpointConfig:
 
 
 MAX_EVAL_SEED = 2**31 - 1
+WEIGHTS_KINDS = ("ema", "raw")
+"""eval.weights_kind's values: the moving average of the weights (train.ema_decay), or the optimizer's own."""
 
 
 @dataclass(frozen=True)
@@ -370,6 +411,11 @@ class EvalConfig:
     """What to evaluate: an export folder (model.safetensors, config.yaml, export.json), or a run's
     checkpoints/step-N folder, which an export job writes to <run>/exports/step-N first; default: the run's own
     export. `embodyhpc eval --ckpt` and evaluations while training set it."""
+    weights_kind: str | None = None
+    """Which weights of a checkpoint the export (and so every evaluation, checkpoint evaluation, LeRobot export and
+    logged model made from it) holds: ema (the moving average of train.ema_decay) or raw (the optimizer's);
+    null = ema when the checkpoint has one, else raw. ema for a checkpoint without one is refused. (Not
+    `eval.weights`: that key names the folder to evaluate.)"""
     reference_policies: list[str] = field(default_factory=lambda: ["expert", "random"])
     """Reference rows of every report, run on the same episodes: expert (where the suite has one), random, replay
     (a dataset's actions played back open-loop, a check of the env conventions: needs
@@ -409,6 +455,8 @@ class EvalConfig:
                               fix=f"set eval.cpus_per_task={self.envs_per_shard + 1} (a core per env and one for "
                                   "the policy) or fewer envs")
         checks.positive("eval.every_k_checkpoints", self.every_k_checkpoints, allow_zero=True)
+        if self.weights_kind is not None:
+            checks.choice("eval.weights_kind", self.weights_kind, WEIGHTS_KINDS)
         for key in ("execute_steps", "denoise_steps", "image_size"):
             checks.positive(f"eval.{key}", getattr(self, key))
         for key in ("max_steps", "videos_per_task"):
@@ -419,6 +467,10 @@ class EvalConfig:
                               fix="set eval.suite_options.replay_dataset=/path/to/lerobot_dataset, or drop replay")
         checks.slurm_mem("eval.mem", self.mem)
         checks.slurm_time_minutes("eval.time", self.time)
+
+
+TRACKING_BACKENDS = ("mlflow", "wandb")
+WANDB_MODES = ("offline", "online")
 
 
 @dataclass(frozen=True)
@@ -432,9 +484,30 @@ class TrackingConfig:
     telemetry_interval_s: float = 10.0
     """Each node samples its GPUs and host (utilisation, memory, power, temperature, throttling) into the training
     run every this many seconds; 0 turns it off."""
+    backends: list[str] = field(default_factory=lambda: ["mlflow"])
+    """Where runs are tracked: [mlflow] (the default and the documented dashboard), or [mlflow, wandb] to add
+    Weights & Biases as a second sink with the same metric names and the evaluation videos (pip install
+    'embodyhpc[track]'). MLflow keeps the run's record, so it is always listed."""
+    wandb_project: str | None = None
+    """W&B project; default: the MLflow experiment's name."""
+    wandb_entity: str | None = None
+    """W&B entity (team or user); default: the account's own."""
+    wandb_mode: str = "offline"
+    """offline (the default: compute nodes often have no internet; upload later with `wandb sync DIR`, the
+    folder each job prints) or online (WANDB_API_KEY in site.secrets)."""
 
     def __post_init__(self) -> None:
         checks.positive("tracking.telemetry_interval_s", self.telemetry_interval_s, allow_zero=True)
+        for name in self.backends:
+            checks.choice("tracking.backends", name, TRACKING_BACKENDS)
+        if len(set(self.backends)) != len(self.backends) or "mlflow" not in self.backends:
+            raise ConfigError(f"{self.backends} must name mlflow once (W&B is a second sink beside it) and no "
+                              "backend twice", key="tracking.backends", fix="set tracking.backends=[mlflow,wandb]")
+        checks.choice("tracking.wandb_mode", self.wandb_mode, WANDB_MODES)
+        for key in ("wandb_project", "wandb_entity"):
+            value = getattr(self, key)
+            if value is not None:
+                checks.path_name(f"tracking.{key}", value)
 
 
 @dataclass(frozen=True)
@@ -481,6 +554,11 @@ class SiteConfig:
     """Nodes no job of the chain may run on (sbatch --exclude), one node name or hostlist range per entry, e.g.
     [n3, gpu-[07-08]]: the nodes a site knows are bad. `embodyhpc resume RUN --exclude NODES` adds to it for one
     run (the node a preflight failed on prints that command)."""
+    het_jobs: bool = True
+    """Whether the cluster runs heterogeneous jobs (`#SBATCH hetjob` groups and one srun step over them). An RL
+    run is one: a group each for actor, rollout and env, each with its own resources (rl.resources). false: one
+    allocation instead, with nodes = the groups' nodes summed, every node sized for the largest group, and a
+    role per rank in group order, for sites that disable heterogeneous jobs or steps."""
     secrets: list[str] = field(default_factory=list)
     """Environment variables that hold secrets (e.g. [HF_TOKEN, WANDB_API_KEY]): jobs inherit them from the
     environment `embodyhpc submit` runs in (sbatch exports it); their values are never written to resolved.yaml,
@@ -513,6 +591,7 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     site: SiteConfig = field(default_factory=SiteConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
 
 
 # Keys a site profile may set: what belongs to a cluster, not to an experiment.

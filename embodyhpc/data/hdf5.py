@@ -11,6 +11,7 @@ Items follow the LeRobot naming so the same training code reads either format:
     "action"                     float32
     "timestamp"                  float32 frame_index / fps (robomimic and LIBERO record at 20 Hz)
     "frame_index", "episode_index", "index", "task_index"   int64 scalars;  "task" str
+With image_dtype="uint8" (data.image_dtype) images are uint8 (C, H, W) as stored: the float item times 255 exactly.
 Demos are ordered by their number (demo_2 before demo_10); episode_index is the position in that order.
 The file is opened lazily in each process: an h5py handle must not cross a DataLoader fork.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from embodyhpc.data.decode_device import check_image_dtype
 from embodyhpc.data.delta import clamp_to_episode, delta_steps
 from embodyhpc.data.errors import DatasetError, SampleError
 from embodyhpc.data.facts import HDF5_DEFAULT_FPS
@@ -49,9 +52,13 @@ class HDF5EpisodeDataset(Dataset):
     """All steps of all demos of one robomimic/LIBERO-style HDF5 file; item i is global step i."""
 
     def __init__(self, path: str | os.PathLike, delta_timestamps: Mapping[str, Sequence[float]] | None = None,
-                 *, fps: float = DEFAULT_FPS, task: str | None = None, tolerance_s: float = 1e-4) -> None:
+                 *, fps: float = DEFAULT_FPS, task: str | None = None, tolerance_s: float = 1e-4,
+                 image_dtype: str = "float32") -> None:
         import h5py
 
+        self.image_dtype = check_image_dtype(image_dtype)
+        self.decode_seconds = 0.0
+        """Seconds this process spent reading image arrays (the loader's decode time per sample)."""
         self.path = Path(path)
         self.fps = fps
         try:
@@ -115,13 +122,27 @@ class HDF5EpisodeDataset(Dataset):
             self._file_pid = os.getpid()
         return self._file["data"][self.demos[episode]]
 
+    def first_video_file(self) -> None:
+        """No video: frames are arrays in the file (nothing for data.decode_device to decode)."""
+        return None
+
+    def set_frame_options(self, *, image_dtype: str | None = None, decoder: Any = None) -> None:
+        """data.image_dtype (data/loader.py); an HDF5 file decodes no video, so it takes no decoder."""
+        if decoder is not None:
+            raise ValueError(f"{self.path}: an HDF5 dataset decodes no video and takes no frame decoder")
+        if image_dtype is not None:
+            self.image_dtype = check_image_dtype(image_dtype)
+
     def _read(self, demo: Any, key: str, rows: np.ndarray) -> torch.Tensor:
         """Rows of one feature, rows relative to the demo, in the item's dtype; shape (len(rows), ...)."""
+        started = time.perf_counter()
         source = demo["actions"] if key == "action" else demo["obs"][self._obs_name_of[key]]
         unique, inverse = np.unique(rows, return_inverse=True)  # h5py wants increasing, unique indices
         values = torch.from_numpy(np.asarray(source[unique])[inverse])
         if key in self.image_keys:
-            return values.permute(0, 3, 1, 2).to(torch.float32).div_(255)
+            values = values.permute(0, 3, 1, 2)
+            self.decode_seconds += time.perf_counter() - started
+            return values.contiguous() if self.image_dtype == "uint8" else values.to(torch.float32).div_(255)
         return values.to(torch.float32) if values.dtype.is_floating_point else values
 
     def __getitem__(self, idx: int) -> dict[str, Any]:

@@ -13,6 +13,10 @@ An item has the keys, shapes, dtypes and values LeRobot 0.4.4's `LeRobotDataset[
 non-video features as stored (scalars 0-d), cameras float32 (C, H, W) in [0, 1], and "task" (str).
 `delta_timestamps` ({key: [seconds, ...]}) adds a leading time axis to that key, with frames
 outside the episode clamped to its first/last frame and flagged in a bool `<key>_is_pad`.
+
+image_dtype="uint8" (data.image_dtype) gives the cameras as the decoded bytes, uint8 (C, H, W) in [0, 255]: the float
+item times 255 exactly, every other key the same. `__getitems__` (what a DataLoader calls for a micro-batch) builds
+the same items as `__getitem__` one by one, decoding all the frames the batch needs from one video file in one call.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
+from embodyhpc.data.decode_device import check_image_dtype
 from embodyhpc.data.delta import clamp_to_episode, delta_steps
 from embodyhpc.data.errors import DatasetError, SampleError
 from embodyhpc.data.formats import check_lerobot_version, read_lerobot_info
@@ -82,8 +87,10 @@ class LeRobotV3Dataset(Dataset):
     codebase_version = "v3.0"
 
     def __init__(self, root: str | os.PathLike, delta_timestamps: Mapping[str, Sequence[float]] | None = None,
-                 *, video_backend: str | FrameDecoder = "auto", tolerance_s: float = DEFAULT_TOLERANCE_S) -> None:
+                 *, video_backend: str | FrameDecoder = "auto", tolerance_s: float = DEFAULT_TOLERANCE_S,
+                 image_dtype: str = "float32") -> None:
         self.root = Path(root)
+        self.image_dtype = check_image_dtype(image_dtype)
         self.info = read_lerobot_info(self.root)
         check_lerobot_version(self.root, self.info, self.codebase_version)
         self.fps = int(self.info["fps"])
@@ -175,7 +182,73 @@ class LeRobotV3Dataset(Dataset):
     def __len__(self) -> int:
         return self.num_frames
 
+    @property
+    def decode_seconds(self) -> float:
+        """Seconds this process spent decoding video (the loader's decode time per sample)."""
+        return self.decoder.decode_s
+
+    def first_video_file(self) -> Path | None:
+        """A video file of the dataset (what a GPU decode probe opens), or None without cameras."""
+        return self.video_path(self.video_keys[0], 0) if self.video_keys and self.num_episodes else None
+
+    def frame_locations(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(video file number, frame number inside that file) of each frame row, for the first camera (int64 arrays):
+        rows with the same file and near frame numbers share decoded frames (data/gop_order.py groups them). Without
+        cameras, the episode and the frame in it."""
+        idx = np.asarray(indices, dtype=np.int64)
+        rows = self._episode_row_of_frame.numpy()[idx]
+        frames = idx - self._episodes["dataset_from_index"][rows]
+        if not self.video_keys:
+            return rows, frames
+        key = self.video_keys[0]
+        if f"videos/{key}/file_index" in self._episodes:  # v3.0: episodes share files (chunk, file)
+            files = (self._episodes[f"videos/{key}/chunk_index"][rows].astype(np.int64) << 32) + \
+                self._episodes[f"videos/{key}/file_index"][rows]
+        else:  # v2.1: one file per episode
+            files = rows
+        first = np.rint(self._episodes[f"videos/{key}/from_timestamp"][rows] * self.fps).astype(np.int64)
+        return files.astype(np.int64), first + frames
+
+    def set_frame_options(self, *, image_dtype: str | None = None, decoder: FrameDecoder | None = None) -> None:
+        """data.image_dtype and the decoder data.decode_device chose (data/loader.py, before the workers start)."""
+        if image_dtype is not None:
+            self.image_dtype = check_image_dtype(image_dtype)
+        if decoder is not None:
+            self.decoder.close()
+            self.decoder = decoder
+
     def __getitem__(self, idx: int) -> dict[str, Any]:
+        item, requests = self._plan(idx)
+        for key, episode_row, times_s in requests:
+            self._put_frames(item, key, self._decode(key, episode_row, int(item["index"]), times_s))
+        return item
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """Items of a micro-batch, each equal to `self[i]`: every frame they need from one video file decoded in one
+        call. A file that fails is decoded again per sample, so the error names the sample it breaks."""
+        planned = [self._plan(i) for i in indices]
+        by_file: dict[tuple[str, Path], list[tuple[int, int, np.ndarray]]] = {}
+        for n, (_, requests) in enumerate(planned):
+            for key, episode_row, times_s in requests:
+                by_file.setdefault((key, self.video_path(key, episode_row)), []).append((n, episode_row, times_s))
+        for (key, path), wanted in by_file.items():
+            times_s = np.concatenate([t for _, _, t in wanted])
+            try:
+                frames = self.decoder.decode(path, times_s)
+            except Exception:  # noqa: BLE001 - per sample below, where the error names its sample
+                frames = None
+            start = 0
+            for n, episode_row, sample_times_s in wanted:
+                item = planned[n][0]
+                if frames is None:
+                    self._put_frames(item, key, self._decode(key, episode_row, int(item["index"]), sample_times_s))
+                else:
+                    self._put_frames(item, key, frames[start:start + len(sample_times_s)])
+                start += len(sample_times_s)
+        return [item for item, _ in planned]
+
+    def _plan(self, idx: int) -> tuple[dict[str, Any], list[tuple[str, int, np.ndarray]]]:
+        """The item without its camera frames, and per camera (key, episode row, times in its video file)."""
         idx = int(idx)
         if idx < 0:
             idx += len(self)
@@ -193,16 +266,23 @@ class LeRobotV3Dataset(Dataset):
             if key in self._columns:
                 item[key] = self._columns[key][torch.from_numpy(rows[key])]
             item[f"{key}_is_pad"] = torch.from_numpy(is_pad)
+        requests = []
         for key in self.video_keys:
             from_s = float(self._episodes[f"videos/{key}/from_timestamp"][episode_row])
             # Stored frame timestamps (float32 in the parquet), shifted into the concatenated file.
             frame_s = self._timestamps_s[rows[key]] if key in rows else self._timestamps_s[idx:idx + 1]
-            frames = self._decode(key, episode_row, idx, from_s + frame_s)
-            frames = frames.to(torch.float32).div_(255)  # (T, C, H, W)
-            # LeRobot squeezes a one-frame query: a single camera offset gives (C, H, W), as no offset does
-            item[key] = frames if len(frames) > 1 else frames[0]
+            requests.append((key, episode_row, from_s + frame_s))
         item["task"] = self._tasks[int(item["task_index"])]
-        return item
+        return item, requests
+
+    def _put_frames(self, item: dict[str, Any], key: str, frames: torch.Tensor) -> None:
+        """Decoded uint8 (T, C, H, W) frames into the item: float32 in [0, 1] (LeRobot's), or uint8 as decoded."""
+        if self.image_dtype == "float32":
+            frames = frames.to(torch.float32).div_(255)
+        elif frames.dtype != torch.uint8:
+            raise TypeError(f"{key}: the decoder gave {frames.dtype} frames, uint8 expected")
+        # LeRobot squeezes a one-frame query: a single camera offset gives (C, H, W), as no offset does
+        item[key] = frames if len(frames) > 1 else frames[0]
 
     def _decode(self, key: str, episode_row: int, idx: int, times_s: np.ndarray) -> torch.Tensor:
         """The frames of camera `key` at `times_s`; a SampleError naming the file, episode and frame if the video
@@ -222,4 +302,5 @@ class LeRobotV3Dataset(Dataset):
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(root={str(self.root)!r}, frames={len(self)}, episodes={self.num_episodes}, "
-                f"fps={self.fps}, cameras={self.video_keys}, video_backend={self.decoder.backend!r})")
+                f"fps={self.fps}, cameras={self.video_keys}, video_backend={self.decoder.backend!r}, "
+                f"image_dtype={self.image_dtype!r})")

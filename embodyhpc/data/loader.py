@@ -9,6 +9,14 @@ DataWorkerError naming the rank, the worker and the error on one line; a worker 
 nothing for data.batch_timeout_s (a stuck read or decode) raises one too. Bad samples fail the same way, or are
 skipped and counted with data.on_bad_sample=skip.
 
+Frames (data.image_dtype, data.decode_device): `build_dataloader` sets the dataset's image dtype and its decoder
+(data/decode_device.py) before any worker starts; with the cuda decoder the workers start with spawn, since the
+training process holds a CUDA context that a forked child cannot use. `TrainingLoader.counters` adds up what the
+workers did (data/guard.py LoaderCounters): the loop's data_decode_ms_per_sample and data_loader_samples_per_s.
+
+Order (data.gop_window_batches): `build_sampler` regroups windows of micro-batches by video file and frame
+(data/gop_order.py) where the reader can say which file a sample reads; 0 keeps StepSampler's order.
+
 Worker lifetime: workers ignore SIGTERM and SIGUSR2, because Slurm signals every process of a step (scancel, the
 time-limit warning) and the training process must outlive them to save its checkpoint at the next step boundary
 (train/preempt.py). So nothing but the training process may end them: `TrainingLoader.close()` shuts them down
@@ -35,8 +43,18 @@ from torch.utils.data import DataLoader, Dataset
 
 from embodyhpc.config.schema import DataConfig
 from embodyhpc.data.errors import DataWorkerError
-from embodyhpc.data.guard import GuardedCollate, GuardedDataset, SkipCounter, SkippedBatch, WorkerFailure, one_line
+from embodyhpc.data.gop_order import GopOrderedSampler
+from embodyhpc.data.guard import (
+    GuardedCollate,
+    GuardedDataset,
+    LoaderCounters,
+    SkipCounter,
+    SkippedBatch,
+    WorkerFailure,
+    one_line,
+)
 from embodyhpc.data.sampler import StepSampler
+from embodyhpc.errors import ConfigError
 
 MAX_SKIPPED_BATCHES_IN_A_ROW = 16
 """data.on_bad_sample=skip: this many micro-batches in a row with no readable sample end the run (a dataset that
@@ -85,11 +103,12 @@ class TrainingLoader(DataLoader):
     whose workers only this process ends (`close`)."""
 
     def __init__(self, dataset: Dataset, *, rank: int, batch_timeout_s: float, skipped: SkipCounter,
-                 **options: Any) -> None:
+                 counters: LoaderCounters | None = None, **options: Any) -> None:
         super().__init__(dataset, **options)
         self.rank = rank
         self.batch_timeout_s = batch_timeout_s
         self.skipped = skipped
+        self.counters = counters if counters is not None else LoaderCounters()
         self._started: Any = None  # torch's iterator of the current epoch (the persistent one, with workers)
 
     @property
@@ -182,16 +201,21 @@ def build_dataloader(dataset: Dataset, data: DataConfig, *, micro_batch_size: in
                      seed: int, device_type: str = "cpu",
                      collate_fn: Callable[[list[Any]], Any] | None = None) -> tuple[TrainingLoader, StepSampler]:
     """A DataLoader over this rank's share of every epoch, and the sampler whose state checkpoints save."""
-    sampler = StepSampler(len(dataset), rank=rank, world_size=world_size, seed=seed)
+    decode_device = configure_frames(dataset, data)
+    sampler = build_sampler(dataset, data, micro_batch_size=micro_batch_size, rank=rank, world_size=world_size,
+                            seed=seed)
     workers = data.num_workers
     generator = torch.Generator()
     generator.manual_seed(seed * 10_007 + rank)
     skipped = SkipCounter()
+    counters = LoaderCounters()
     loader = TrainingLoader(
         GuardedDataset(dataset),
         rank=rank,
         batch_timeout_s=data.batch_timeout_s,
         skipped=skipped,
+        counters=counters,
+        multiprocessing_context=worker_start_method(decode_device, workers),
         batch_size=micro_batch_size,
         sampler=sampler,
         drop_last=True,  # every rank takes the same number of samples per step (the sampler relies on it)
@@ -199,9 +223,53 @@ def build_dataloader(dataset: Dataset, data: DataConfig, *, micro_batch_size: in
         prefetch_factor=data.prefetch_factor if workers else None,
         persistent_workers=workers > 0,
         pin_memory=device_type == "cuda",
-        collate_fn=GuardedCollate(collate_fn, data.on_bad_sample, skipped),
+        collate_fn=GuardedCollate(collate_fn, data.on_bad_sample, skipped, counters),
         worker_init_fn=_seed_worker if workers else None,
         generator=generator,
         timeout=data.batch_timeout_s if workers else 0,  # torch's own bound on each batch (workers only)
     )
     return loader, sampler
+
+
+def build_sampler(dataset: Dataset, data: DataConfig, *, micro_batch_size: int, rank: int, world_size: int,
+                  seed: int) -> StepSampler:
+    """This rank's sampler: StepSampler's order, regrouped by video file in windows of data.gop_window_batches
+    micro-batches (data/gop_order.py) where the reader says which file and frame a sample reads. That sampler is
+    used with a window of 0 too, so a checkpoint that stopped inside a window resumes with the window off."""
+    locate = getattr(dataset, "frame_locations", None)
+    if locate is None:
+        if data.gop_window_batches:
+            raise ConfigError(f"{type(dataset).__name__} does not say which video file and frame a sample reads, "
+                              "so its samples cannot be grouped by file", key="data.gop_window_batches",
+                              fix="set data.gop_window_batches=0")
+        return StepSampler(len(dataset), rank=rank, world_size=world_size, seed=seed)
+    return GopOrderedSampler(len(dataset), rank=rank, world_size=world_size, seed=seed,
+                             micro_batch=micro_batch_size, window_batches=data.gop_window_batches, locate=locate)
+
+
+def configure_frames(dataset: Dataset, data: DataConfig, *, video_decoder: Any = None) -> str:
+    """Give `dataset` data.image_dtype and the decoder of data.decode_device; returns the device decoding ("cpu" or
+    "cuda"). A dataset without these options (a test's, a plug-in's) is left as it is, unless the recipe asked for
+    something other than the defaults: then one line says which reader cannot."""
+    from embodyhpc.data.decode_device import frame_decoder_for, resolve_decode_device
+
+    configure = getattr(dataset, "set_frame_options", None)
+    if configure is None:
+        if (data.image_dtype, data.decode_device) != ("float32", "cpu"):
+            raise ConfigError(f"{type(dataset).__name__} gives float32 frames decoded on the CPU only",
+                              key="data.image_dtype", related=("data.decode_device",),
+                              fix="set data.image_dtype=float32 and data.decode_device=cpu")
+        return "cpu"
+    probe = dataset.first_video_file()
+    device = resolve_decode_device(data.decode_device, probe=probe, video_decoder=video_decoder)
+    decoder = None
+    if probe is not None and device != "cpu":
+        decoder = frame_decoder_for(device, video_decoder=video_decoder, tolerance_s=dataset.tolerance_s)
+    configure(image_dtype=data.image_dtype, decoder=decoder)
+    return device
+
+
+def worker_start_method(decode_device: str, num_workers: int) -> str | None:
+    """How the DataLoader starts its workers: spawn where they decode on the GPU (a forked child of a process that
+    holds a CUDA context cannot use CUDA), else the platform's default (fork on Linux: nothing is imported again)."""
+    return "spawn" if decode_device != "cpu" and num_workers > 0 else None

@@ -22,6 +22,9 @@ Assumptions the guarantee rests on:
   count this itself: a DataLoader prefetches batches ahead of the model, and counting what the iterator yielded
   would skip the prefetched samples after a resume.
 
+data/gop_order.py's GopOrderedSampler (data.gop_window_batches) keeps this dealing and regroups each rank's share of
+windows of micro-batches by video file; its state adds the window grid in force.
+
 The permutation is a keyed Feistel network over the smallest power of four >= N, with cycle walking back into
 0..N-1: the position -> index map is computed on demand in vectorised blocks, so memory stays O(1) in N (a
 materialised permutation of a 1e9-frame corpus would cost 8 GB per rank) and a resume at any position is free.
@@ -130,11 +133,16 @@ class StepSampler(Sampler[int]):
         return self._iterate(self.epoch, self.num_consumed, self._num_draws_per_rank(self.num_consumed))
 
     def _iterate(self, epoch: int, start: int, num_draws: int) -> Iterator[int]:
-        for first_draw in range(0, num_draws, _BLOCK_SIZE):
-            draws = np.arange(first_draw, min(first_draw + _BLOCK_SIZE, num_draws), dtype=np.int64)
-            positions = (start + self.rank + draws * self.world_size) % self.num_samples  # % only bites for "wrap"
+        for positions in self._position_blocks(start, num_draws):
             yield from epoch_permutation(positions, num_samples=self.num_samples, seed=self.seed, epoch=epoch,
                                          shuffle=self.shuffle).tolist()
+
+    def _position_blocks(self, start: int, num_draws: int) -> Iterator[np.ndarray]:
+        """This rank's positions of the epoch's permutation, from `start` (positions consumed by all ranks), in
+        vectorised blocks."""
+        for first_draw in range(0, num_draws, _BLOCK_SIZE):
+            draws = np.arange(first_draw, min(first_draw + _BLOCK_SIZE, num_draws), dtype=np.int64)
+            yield (start + self.rank + draws * self.world_size) % self.num_samples  # % only bites for "wrap"
 
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` from its beginning, unless it is already the current one.
@@ -166,6 +174,10 @@ class StepSampler(Sampler[int]):
         if state.get("version") != STATE_VERSION:
             raise DatasetError(f"sampler state version {state.get('version')!r}, expected {STATE_VERSION}",
                                fix="resume with the embodyhpc version that wrote the checkpoint")
+        if state.get("gop_window") is not None:  # data/gop_order.py's sampler reads (and removes) it first
+            raise DatasetError("the checkpoint's samples were regrouped by data.gop_window_batches, which this "
+                               "run's dataset reader cannot do (it does not say which video file a sample reads)",
+                               fix="resume with the dataset format of the checkpointed run, or start a new run")
         for key in ("num_samples", "seed", "shuffle"):
             if state[key] != getattr(self, key):
                 raise DatasetError(

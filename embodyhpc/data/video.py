@@ -10,6 +10,16 @@ process that filled it: a decoder opened before a DataLoader fork does not survi
 parent drops it and opens its own decoders on first use. The cache is also dropped on pickling,
 so spawn workers start empty too.
 
+Batched decoding: a reader that builds a whole micro-batch (LeRobotV3Dataset.__getitems__) asks each file once
+for every frame the batch needs from it, in any order and with repeats: torchcodec's batch API sorts the frames,
+decodes each once and seeks only where the next frame is not ahead in the stream; PyAV seeks once per run of
+requested times (a new run where the next time lies more than PYAV_SEEK_GAP_S ahead, so a batch spread over a long
+file is not decoded from end to end).
+
+Devices: TorchCodecFrameDecoder(device="cuda") decodes on the GPU with torchcodec's NVDEC decoder and copies the
+frames back to the host as uint8 (data/decode_device.py chooses the device and refuses cuda without a GPU).
+`decode_s` is the time this process spent in `decode` (the loader's decode time per sample).
+
 Frame lookup follows LeRobot's rule: the frame whose presentation time is nearest to the
 requested time, accepted only within `tolerance_s` (default 1e-4 s, LeRobot's default);
 anything further away is an error, never a silently wrong frame.
@@ -18,6 +28,7 @@ anything further away is an error, never a silently wrong frame.
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +40,9 @@ import torch
 from embodyhpc.data.delta import DEFAULT_TOLERANCE_S
 
 DEFAULT_CACHE_SIZE = 8
+PYAV_SEEK_GAP_S = 0.5
+"""PyAV: requested times further apart than this start a new seek (decoding forward through a gap of 0.5 s costs
+about as much as a seek to the keyframe before the next time, for the GOPs LeRobot and our writer use)."""
 
 # Decoder handles a forked child inherited from its parent. They are kept referenced, never freed: freeing
 # FFmpeg state whose codec threads stayed in the parent deadlocks the child (PyAV + libdav1d, seen here).
@@ -66,6 +80,8 @@ class FrameDecoder:
         self.tolerance_s = tolerance_s
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._cache_pid = os.getpid()
+        self.decode_s = 0.0
+        """Seconds this process spent in `decode` (inherited values are reset in a fresh worker: see _handle)."""
 
     def decode(self, path: str | os.PathLike, timestamps_s: Sequence[float]) -> torch.Tensor:
         """Frames nearest to `timestamps_s` in `path`, uint8 (T, C, H, W), in the order asked."""
@@ -73,7 +89,11 @@ class FrameDecoder:
         wanted_s = np.asarray(timestamps_s, dtype=np.float64).reshape(-1)
         if wanted_s.size == 0:
             raise ValueError(f"{path}: no timestamps requested")
-        return self._decode(path, self._handle(path), wanted_s)
+        started = time.perf_counter()
+        try:
+            return self._decode(path, self._handle(path), wanted_s)
+        finally:
+            self.decode_s += time.perf_counter() - started
 
     def _handle(self, path: Path) -> Any:
         if self._cache_pid != os.getpid():
@@ -81,6 +101,7 @@ class FrameDecoder:
             _INHERITED_HANDLES.append(self._cache)
             self._cache = OrderedDict()
             self._cache_pid = os.getpid()
+            self.decode_s = 0.0
         key = str(path)
         handle = self._cache.get(key)
         if handle is not None:
@@ -130,22 +151,25 @@ class FrameDecoder:
 
 
 class TorchCodecFrameDecoder(FrameDecoder):
-    """torchcodec on CPU (FFmpeg). `seek_mode="approximate"` skips the full-file index scan at open."""
+    """torchcodec: FFmpeg on the CPU, or NVDEC on a GPU (device="cuda", "cuda:N"), whose frames come back to the
+    host as uint8. `seek_mode="approximate"` skips the full-file index scan at open. `video_decoder`: the class that
+    opens a file (torchcodec.decoders.VideoDecoder; tests pass a double of its CUDA decoder)."""
 
     backend = "torchcodec"
 
     def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE, tolerance_s: float = DEFAULT_TOLERANCE_S,
-                 seek_mode: str = "approximate", device: str = "cpu") -> None:
+                 seek_mode: str = "approximate", device: str = "cpu", video_decoder: Any = None) -> None:
         super().__init__(cache_size, tolerance_s)
-        from torchcodec.decoders import VideoDecoder  # noqa: F401  (fail at construction, not in a worker)
+        if video_decoder is None:
+            from torchcodec.decoders import VideoDecoder  # fail at construction, not in a worker
 
+            video_decoder = VideoDecoder
+        self.video_decoder = video_decoder
         self.seek_mode = seek_mode
-        self.device = device
+        self.device = str(device)
 
     def _open(self, path: Path) -> Any:
-        from torchcodec.decoders import VideoDecoder
-
-        return VideoDecoder(str(path), seek_mode=self.seek_mode, device=self.device)
+        return self.video_decoder(str(path), seek_mode=self.seek_mode, device=self.device)
 
     def _decode(self, path: Path, handle: Any, wanted_s: np.ndarray) -> torch.Tensor:
         # The frame *played at* t starts at or before t; nudging by the tolerance keeps float noise in a
@@ -159,7 +183,12 @@ class TorchCodecFrameDecoder(FrameDecoder):
         except (RuntimeError, IndexError, ValueError) as exc:
             raise VideoDecodeError(f"{path}: torchcodec could not decode t={wanted_s.tolist()}: {exc}") from exc
         _nearest_frames(path, wanted_s, batch.pts_seconds.numpy(), self.tolerance_s)
-        return batch.data
+        frames = batch.data
+        if frames.device.type != "cpu":
+            # NVDEC's frames are on the GPU: back to the host, uint8 (a fraction of the bytes the decode saves),
+            # so the workers' collate, shared memory and pinning are the same for every decode device.
+            frames = frames.cpu()
+        return frames
 
 
 class PyAVFrameDecoder(FrameDecoder):
@@ -180,6 +209,19 @@ class PyAVFrameDecoder(FrameDecoder):
         handle.close()
 
     def _decode(self, path: Path, handle: Any, wanted_s: np.ndarray) -> torch.Tensor:
+        """One seek per run of requested times (see PYAV_SEEK_GAP_S); frames in the order asked."""
+        order = np.argsort(wanted_s, kind="stable")
+        ordered = wanted_s[order]
+        starts = np.flatnonzero(np.diff(ordered) > PYAV_SEEK_GAP_S) + 1
+        out = torch.empty(0, dtype=torch.uint8)
+        for run in np.split(np.arange(len(ordered)), starts):
+            frames = self._decode_run(path, handle, ordered[run])
+            if out.numel() == 0:
+                out = torch.empty((len(wanted_s), *frames.shape[1:]), dtype=torch.uint8)
+            out[torch.from_numpy(order[run])] = frames
+        return out
+
+    def _decode_run(self, path: Path, handle: Any, wanted_s: np.ndarray) -> torch.Tensor:
         stream = handle.streams.video[0]
         time_base = float(stream.time_base)
         first_s, last_s = wanted_s.min() - self.tolerance_s, wanted_s.max() + self.tolerance_s

@@ -240,16 +240,12 @@ def markdown_summary(report: Report, *, title: str = "Evaluation", images: Mappi
                      notes: Sequence[str] = ()) -> str:
     """Markdown: status, per-policy overview, task x policy table, problems, then `images` ({caption: path})."""
     status = "complete" if report.complete else "**INCOMPLETE**"
+    overview = _overview(report)
     lines = [f"## {title}", "", f"{len(report.tasks)} tasks, {report.planned_per_policy} episodes planned per "
              f"policy: {status}. Success rate with Wilson 95% interval.", *[f"\n{n}" for n in notes], "",
-             "| policy | success | mean over tasks | episodes | mean return | mean length |",
-             "|---|---|---|---|---|---|"]
-    for name, p in report.policies.items():
-        o = p.overall
-        mean_task = "n/a" if p.mean_task_success_rate is None else f"{p.mean_task_success_rate:.2f}"
-        ret = "n/a" if o.mean_return is None else f"{o.mean_return:.1f}"
-        length = "n/a" if o.mean_length is None else f"{o.mean_length:.1f}"
-        lines.append(f"| {name} | {format_cell(o)} | {mean_task} | {o.recorded}/{o.planned} | {ret} | {length} |")
+             "| " + " | ".join(OVERVIEW_HEADER) + " |", "|---" * len(OVERVIEW_HEADER) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in overview]
+    lines += ["", f"_{RETURN_NOTE}_"]
     header, rows = _rows(report)
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -261,5 +257,55 @@ def markdown_summary(report: Report, *, title: str = "Evaluation", images: Mappi
     return "\n".join(lines) + "\n"
 
 
+OVERVIEW_HEADER = ("policy", "success", "mean over tasks", "episodes", "mean return*", "mean length")
+RETURN_NOTE = ("* mean return sums the reward of each episode: a failed episode runs to the step limit and keeps "
+               "collecting shaped reward, so a failing policy can out-score the expert. Compare success; mean "
+               "length is shorter for a policy that succeeds sooner.")
+
+
+def _overview(report: Report) -> list[list[str]]:
+    out = []
+    for name, p in report.policies.items():
+        o = p.overall
+        mean_task = "n/a" if p.mean_task_success_rate is None else f"{p.mean_task_success_rate:.2f}"
+        ret = "n/a" if o.mean_return is None else f"{o.mean_return:.1f}"
+        length = "n/a" if o.mean_length is None else f"{o.mean_length:.1f}"
+        out.append([name, format_cell(o), mean_task, f"{o.recorded}/{o.planned}", ret, length])
+    return out
+
+
+def html_summary(report: Report, *, title: str = "Evaluation", images: Mapping[str, str | os.PathLike] | None = None,
+                 notes: Sequence[str] = ()) -> str:
+    """The markdown summary's content as one self-contained HTML page (what MLflow's artifact viewer previews, as
+    it does not render a markdown file's images): the tables, then `images` ({caption: PNG file}) embedded as
+    data: URIs, so the page needs nothing beside it."""
+    import base64
+    from html import escape
+
+    def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+        out = ["<table>", "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>"]
+        out += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows]
+        return [*out, "</table>"]
+
+    status = "complete" if report.complete else "<b>INCOMPLETE</b>"
+    parts = ["<!DOCTYPE html>", '<html><head><meta charset="utf-8">', f"<title>{escape(title)}</title>",
+             "<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin:.5em 0}"
+             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}img{max-width:100%}"
+             ".note{color:#555;font-size:90%}</style></head><body>", f"<h2>{escape(title)}</h2>",
+             f"<p>{len(report.tasks)} tasks, {report.planned_per_policy} episodes planned per policy: {status}. "
+             "Success rate with Wilson 95% interval.</p>", *[f"<p>{escape(n)}</p>" for n in notes]]
+    parts += table(OVERVIEW_HEADER, _overview(report))
+    parts.append(f'<p class="note">{escape(RETURN_NOTE)}</p>')
+    parts += table(*_rows(report))
+    problems = _problems(report)
+    if problems:
+        parts += ["<ul>", *[f"<li>{escape(p)}</li>" for p in problems], "</ul>"]
+    for caption, path in (images or {}).items():
+        data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+        parts.append(f'<figure><img alt="{escape(caption)}" src="data:image/png;base64,{data}">'
+                     f"<figcaption>{escape(caption)}</figcaption></figure>")
+    return "\n".join([*parts, "</body></html>"]) + "\n"
+
+
 __all__ = ["OVERALL", "PolicyReport", "Report", "Stats", "aggregate", "format_cell", "format_table",
-           "load_records", "markdown_summary", "wilson_interval"]
+           "html_summary", "load_records", "markdown_summary", "wilson_interval"]

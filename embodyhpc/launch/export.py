@@ -12,11 +12,14 @@ it later.
 Before anything is written the checkpoint must be readable (metadata, shard sizes), its model must fit the
 model of both the run's recipe and the evaluation's (another model size or action_dim is refused in one line), and
 its side files must hold what the run's recipe says (eval/policy_files.py: no NaN statistics, no other state key).
-The export is keyed by what it is built from (integrity.built_from: the checkpoint's metadata and marker, and
-the recipe): exports/step-N is reused only when it is whole, unchanged and built from exactly this; it is written
-only when it does not exist yet. Otherwise (an export of something else is there, it is damaged, or the source
-run cannot be written, e.g. a read-only folder) the export goes into the evaluation's own folder, <eval run>/export,
-which the shards then read (launch.eval.weights_dir).
+Which weights: the evaluation's eval.weights_kind (ema: the moving average of train.ema_decay; raw; unset: the average
+when the checkpoint has one), refused in one line before anything is written when it asks for an average the
+checkpoint does not hold (checkpoint.export.choose_weights); export.json records the choice.
+The export is keyed by what it is built from (integrity.built_from: the checkpoint's metadata and marker, the
+recipe, and an average's export being one): exports/step-N is reused only when it is whole, unchanged and built from
+exactly this; it is written only when it does not exist yet. Otherwise (an export of something else is there, it is
+damaged, or the source run cannot be written, e.g. a read-only folder) the export goes into the evaluation's own
+folder, <eval run>/export, which the shards then read (launch.eval.weights_dir).
 """
 
 from __future__ import annotations
@@ -56,7 +59,15 @@ _CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS)
 def export_checkpoint(checkpoint: Path, *, eval_run: Path | None = None, eval_config: Any = None) -> dict:
     """<run>/checkpoints/step-N -> <run>/exports/step-N (once, keyed by what it is built from), with the run's side
     files; into <eval_run>/export where the run's exports/step-N cannot be used (module docstring)."""
-    from embodyhpc.checkpoint.export import EXPORT_JSON, built_from, check_fits, export_consolidated, model_entries
+    from embodyhpc.checkpoint.export import (
+        EXPORT_JSON,
+        built_from,
+        check_fits,
+        choose_weights,
+        export_consolidated,
+        has_average,
+        model_entries,
+    )
     from embodyhpc.checkpoint.integrity import verify_export
     from embodyhpc.validation import load_config_file
 
@@ -71,7 +82,9 @@ def export_checkpoint(checkpoint: Path, *, eval_run: Path | None = None, eval_co
     if eval_config is not None and eval_run is not None:
         check_fits(entries, eval_config.model, where=str(checkpoint),
                    built_with=f"this evaluation's recipe ({eval_run / RESOLVED_YAML})")
-    key = built_from(checkpoint, config_yaml)
+    requested = (eval_config if eval_config is not None else source_config).eval.weights_kind
+    kind = choose_weights(requested, has_average(checkpoint), where=str(checkpoint))
+    key = built_from(checkpoint, config_yaml, kind)
     side_files = find_side_files([source_run / name for name in SIDE_FILE_DIRS])
     # broken statistics are refused here, not in every shard
     check_policy_files(side_files, source_config.model, where=str(source_run / SIDE_FILE_DIRS[0]))
@@ -85,7 +98,8 @@ def export_checkpoint(checkpoint: Path, *, eval_run: Path | None = None, eval_co
     else:
         try:
             print(f"export: {checkpoint} -> {canonical}", flush=True)
-            export_consolidated(checkpoint, canonical, config_yaml=config_yaml, side_files=side_files)
+            export_consolidated(checkpoint, canonical, config_yaml=config_yaml, side_files=side_files,
+                                weights_kind=kind)
             written = True
         except OSError as exc:
             if exc.errno not in _CANNOT_WRITE:
@@ -97,9 +111,10 @@ def export_checkpoint(checkpoint: Path, *, eval_run: Path | None = None, eval_co
                                       "the evaluation's own folder")
         print(f"export: {why}; exporting into this evaluation's folder: {own}", flush=True)
         out = own
-        export_consolidated(checkpoint, out, config_yaml=config_yaml, side_files=side_files)
+        export_consolidated(checkpoint, out, config_yaml=config_yaml, side_files=side_files, weights_kind=kind)
         written = True
     elif not written:
         print(f"export: {out} is already whole", flush=True)
     copied = [name for name, found in side_files.items() if found is not None] if written else []
-    return {"checkpoint": str(checkpoint), "export": str(out), "written": written, "side_files": copied}
+    return {"checkpoint": str(checkpoint), "export": str(out), "written": written, "side_files": copied,
+            "weights_kind": kind}

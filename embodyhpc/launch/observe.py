@@ -54,11 +54,24 @@ class _KeepOpen:
         self.sink.flush(force=True)
 
 
+def wandb_sink_for(config: Config, run_dir: Path, mlflow_run_id: str) -> Any:
+    """The W&B sink of a recipe whose tracking.backends lists wandb (None otherwise): its run id kept in the run
+    folder across resume and requeue (the MLflow run id the first time), the project the recipe names."""
+    from embodyhpc.tracking import wandb_sink
+
+    if not wandb_sink.enabled(config.tracking):
+        return None
+    project = config.tracking.wandb_project or config.tracking.experiment or config.job.experiment
+    return wandb_sink.WandbSink(run_dir, config.tracking, project=project,
+                                run_id=wandb_sink.wandb_run_id(run_dir, mlflow_run_id), name=run_dir.name)
+
+
 class RunTracking:
     """The MLflow side of one training attempt on one rank (inactive where there is nothing to do)."""
 
     def __init__(self, config: Config, run_dir: Path, *, rank: int, local_rank: int, node_rank: int = 0) -> None:
         self.sink = None
+        self.wandb = None  # tracking.backends: [mlflow, wandb] (rank 0): the same metrics, offline by default
         self.sampler = None
         self.config = config
         run_id = None
@@ -74,6 +87,7 @@ class RunTracking:
         self.uri, self.run_id = uri, run_id
         if rank == 0:
             self.sink = MlflowMetricsSink(uri, run_id, prefix="train/")
+            self.wandb = wandb_sink_for(config, run_dir, run_id)
         interval = config.tracking.telemetry_interval_s
         if local_rank == 0 and interval > 0:
             from embodyhpc.tracking.telemetry import TelemetrySampler, node_id
@@ -84,7 +98,8 @@ class RunTracking:
 
     def sinks(self) -> list[Any]:
         """Extra metric sinks for the loop (rank 0 only)."""
-        return [_KeepOpen(self.sink)] if self.sink is not None else []
+        return ([_KeepOpen(self.sink)] if self.sink is not None else []) + \
+            ([_KeepOpen(self.wandb)] if self.wandb is not None else [])
 
     @contextlib.contextmanager
     def attempt(self) -> Iterator[RunTracking]:
@@ -110,6 +125,8 @@ class RunTracking:
                 self.sampler.sink.close()  # sends what is left; this sink never changes the run's status
             if self.sink is not None:
                 self.sink.close(status, reason=reason)
+            if self.wandb is not None:
+                self.wandb.close(status, reason=reason)
 
     def _log_dataset(self) -> None:
         """The training dataset as the run's MLflow input; a problem here costs that record, never the training."""

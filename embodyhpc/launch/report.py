@@ -5,17 +5,24 @@ never averages silently over fewer episodes than planned: missing shards, missin
 run are recorded as such. Outputs, under eval/:
 
     report.json     outcome (complete | incomplete | train_failed), why, job states, the aggregated results
-    report.md       the markdown summary (also logged to MLflow); report.txt the plain table `submit` prints
-    plots/          task_success.png (bars per task and policy), success_vs_step.png (every report of the run)
-    history.jsonl   one line per report: checkpoint step and each policy's overall rate and interval; an evaluation
+    report.md       the markdown summary (for terminals; also logged to MLflow); report.txt the plain table `submit`
+                    prints; report.html the same with its plots embedded (MLflow's artifact viewer previews it)
+    plots/          task_success.png (bars per task and policy, k/n on each), and what has something to show:
+                    success_vs_step.png and task_success_vs_step.png (two evaluated steps or more), loss.png (a
+                    training run's loss), contact_sheet.png (first/middle/last frame of a kept video per task and
+                    outcome)
+    history.jsonl   one line per report: checkpoint step, each policy's overall rate and interval and the trained
+                    policy's rate per task; an evaluation
                     of a checkpoint while training ran (run.json's parent_run) writes its line into the training
                     run's history instead, so that run's success-vs-step plot holds every step evaluated
 
 and, with tracking on (embodyhpc.tracking.evaluation): the trained policy's success rate, interval and per-task
-rates on the training run at the checkpoint step with the result table in its description, and a child MLflow run
-of it with every statistic per task, the evaluation's parameters and times, the plots, the summary and the rollout
-videos. An `eval --ckpt` (RunInfo.kind "eval") logs its child run only, named with its settings and tagged with the
-weights it read: the training run's curve and result stay as training's own evaluations made them.
+rates on the training run at the checkpoint step with the result table in its description and the plots as images
+(log_image) at that step, and a child MLflow run of it with every statistic per task, the evaluation's parameters
+and times, the plots, the summaries and the rollout videos; with `tracking.backends: [mlflow, wandb]`, the same
+metrics, plots and videos in the W&B run (embodyhpc.tracking.wandb_sink). An `eval --ckpt` (RunInfo.kind "eval")
+logs its child run only (and a W&B run of its own, grouped with the training run's), named with its settings and
+tagged with the weights it read: the training run's curve and result stay as training's own evaluations made them.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from embodyhpc.launch.eval import SHARD_STARTED_FIELD, TRAINED, plan, planned_ta
 from embodyhpc.rundir import (
     ATTEMPTS_FILE,
     HISTORY_FILE,
+    METRICS_FILE,
     PLOTS_DIR,
     REPORT_FILE,
     RESULT_FILE,
@@ -107,6 +115,7 @@ def report_task(run_dir: str) -> dict:
     print(table, flush=True)
     if config.tracking.enabled and info.mlflow_run_id:
         report["mlflow_child_run_id"] = _log_to_mlflow(config, info, report, outputs, step, run)
+    _log_to_wandb(config, info, report, outputs, step, run)
     write_json_atomic(run / REPORT_FILE, report)  # last: its presence means the report (and its MLflow run) is done
     return report
 
@@ -142,41 +151,93 @@ def _checkpoint_step(files: list[Path]) -> int | None:
 
 def _write_outputs(run: Path, report: dict[str, Any], results: Any, step: int | None,
                    history: Path) -> dict[str, Path]:
-    """A line in `history` (its file, or the training run's), the plots and the markdown summary; plotting problems
-    never lose the report."""
-    from embodyhpc.eval.aggregate import markdown_summary
+    """A line in `history` (its file, or the training run's), the plots and the summaries (report.md for terminals,
+    report.html with its plots embedded for MLflow's viewer); plotting problems never lose the report."""
+    from embodyhpc.eval.aggregate import html_summary, markdown_summary
 
+    trained = results.policies.get(TRAINED)
     entry = {"step": step, "outcome": report["outcome"], "run": str(run),
              **{name: [p.overall.success_rate, p.overall.ci_low, p.overall.ci_high]
-                for name, p in results.policies.items()}}
+                for name, p in results.policies.items()},
+             "tasks": {task: stats.success_rate for task, stats in trained.tasks.items()} if trained else {}}
     history.parent.mkdir(parents=True, exist_ok=True)
     with history.open("a") as f:  # one short append per report: concurrent reports do not interleave lines
         f.write(json.dumps(entry) + "\n")
     outputs: dict[str, Path] = {}
     try:
-        from embodyhpc.eval.plots import plot_success_vs_step, plot_task_bars
-
-        plots = run / PLOTS_DIR
-        plots.mkdir(parents=True, exist_ok=True)
-        outputs["task_success"] = plot_task_bars(results, plots / "task_success.png")
-        points, references = [], {}
-        for line in history.read_text().splitlines():
-            row = json.loads(line)
-            if row.get("step") is not None and row.get(TRAINED) and row[TRAINED][0] is not None:
-                points.append((row["step"], *row[TRAINED]))
-        for name, p in results.policies.items():
-            if name != TRAINED and p.overall.success_rate is not None:
-                references[name] = p.overall.success_rate
-        outputs["success_vs_step"] = plot_success_vs_step(points, plots / "success_vs_step.png",
-                                                          references=references)
+        outputs.update(_plots(run, results, history))
     except Exception as exc:  # matplotlib missing or a plotting bug: the numbers matter more
         print(f"report: plots skipped: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-    images = {name: f"plots/{path.name}" for name, path in outputs.items()}
+    captions = {name: PLOT_CAPTIONS.get(name, name) for name in outputs}
     notes = [report["why"]] + ([f"Checkpoint step {step}."] if step is not None else [])
     summary = run / SUMMARY_FILE
-    summary.write_text(markdown_summary(results, title="Evaluation", images=images, notes=notes))
-    outputs["summary"] = summary
+    links = {captions[name]: f"plots/{path.name}" for name, path in outputs.items()}
+    summary.write_text(markdown_summary(results, title="Evaluation", notes=notes, images=links))
+    page = run / Path(SUMMARY_FILE).with_suffix(".html")
+    page.write_text(html_summary(results, title="Evaluation", notes=notes,
+                                 images={captions[name]: path for name, path in outputs.items()}))
+    outputs["summary"], outputs["html"] = summary, page
     return outputs
+
+
+PLOT_CAPTIONS = {"task_success": "success per task (k/n episodes, Wilson 95%)",
+                 "success_vs_step": "success vs training step (Wilson 95% band, reference policies as lines)",
+                 "task_success_vs_step": "success per task vs training step", "loss": "training loss",
+                 "contact_sheet": "rollouts: first, middle and last frame per task and outcome"}
+
+
+def _plots(run: Path, results: Any, history: Path) -> dict[str, Path]:
+    """Each plot that has something to show (a curve needs two evaluated steps, the loss curve a training run's
+    metrics, the contact sheet kept videos)."""
+    from embodyhpc.eval.plots import contact_sheet, plot_loss, plot_success_vs_step, plot_task_bars, plot_task_curves
+
+    plots = run / PLOTS_DIR
+    plots.mkdir(parents=True, exist_ok=True)
+    drawn: dict[str, Path | None] = {"task_success": plot_task_bars(results, plots / "task_success.png")}
+    points, curves = [], {}
+    for line in history.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("step") is not None and row.get(TRAINED) and row[TRAINED][0] is not None:
+            points.append((row["step"], *row[TRAINED]))
+            for task, rate in (row.get("tasks") or {}).items():
+                if rate is not None:
+                    curves.setdefault(task, []).append((row["step"], rate))
+    references = {name: p.overall.success_rate for name, p in results.policies.items()
+                  if name != TRAINED and p.overall.success_rate is not None}
+    drawn["success_vs_step"] = plot_success_vs_step(points, plots / "success_vs_step.png", references=references)
+    drawn["task_success_vs_step"] = plot_task_curves(curves, plots / "task_success_vs_step.png")
+    drawn["loss"] = plot_loss(_loss_points(history.parent.parent / METRICS_FILE), plots / "loss.png")
+    drawn["contact_sheet"] = contact_sheet(_kept_videos(run / VIDEOS_DIR), plots / "contact_sheet.png")
+    return {name: path for name, path in drawn.items() if path is not None}
+
+
+def _loss_points(metrics: Path) -> list[tuple[int, float]]:
+    """(step, loss) of a training run's metrics file (none for a run that did not train)."""
+    points = []
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            try:
+                row = json.loads(line)
+                points.append((int(row["step"]), float(row["loss"])))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return points
+
+
+def _kept_videos(videos: Path) -> dict[tuple[str, str], Path]:
+    """The first kept video of each (task, outcome) of the trained policy (else of the first policy that has)."""
+    if not videos.is_dir():
+        return {}
+    folders = sorted(videos.iterdir(), key=lambda folder: folder.name != TRAINED)
+    for folder in folders:
+        found: dict[tuple[str, str], Path] = {}
+        for video in sorted(folder.glob("*/*.mp4")):
+            outcome = video.name.split("-", 1)[0]
+            if outcome in ("success", "failure"):
+                found.setdefault((video.parent.name, outcome), video)
+        if found:
+            return found
+    return {}
 
 
 def _log_to_mlflow(config: Any, info: RunInfo, report: dict[str, Any], outputs: dict[str, Path],
@@ -190,6 +251,7 @@ def _log_to_mlflow(config: Any, info: RunInfo, report: dict[str, Any], outputs: 
         uri = tracking_uri(config.tracking, config.job.runs_root)
         artifacts = [(path, "plots" if path.suffix == ".png" else None) for name, path in outputs.items()
                      if name != "summary"]
+        images = {name: path for name, path in outputs.items() if path.suffix == ".png"}
         if (run / VIDEOS_DIR).is_dir():
             artifacts.append((run / VIDEOS_DIR, "videos"))
         start_ms, end_ms = _evaluation_times(shard_files(run))
@@ -200,7 +262,8 @@ def _log_to_mlflow(config: Any, info: RunInfo, report: dict[str, Any], outputs: 
         child = log_evaluation(uri, info.mlflow_run_id, step=step, results=report["results"], params=params,
                                outcome=report["outcome"], why=report["why"], summary=outputs.get("summary"),
                                artifacts=artifacts, start_ms=start_ms, end_ms=end_ms,
-                               tags={"embodyhpc.run_dir": str(run), **checkpoint_tag}, adhoc=info.kind == "eval")
+                               tags={"embodyhpc.run_dir": str(run), **checkpoint_tag}, adhoc=info.kind == "eval",
+                               images=images, html=outputs.get("html"))
         if report["outcome"] == "train_failed" and not info.parent_run:
             _log_failure_logs(uri, info, run)
             set_terminated(uri, info.mlflow_run_id, "FAILED", only_if_active=True, reason=report["why"])
@@ -209,6 +272,38 @@ def _log_to_mlflow(config: Any, info: RunInfo, report: dict[str, Any], outputs: 
     except Exception as exc:
         print(f"report: MLflow logging failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return None
+
+
+def _log_to_wandb(config: Any, info: RunInfo, report: dict[str, Any], outputs: dict[str, Path], step: int | None,
+                  run: Path) -> None:
+    """With tracking.backends [mlflow, wandb]: the evaluation in the training run's W&B run (the metric names its
+    MLflow run gets, against checkpoint_step), or, for `eval --ckpt`, in a W&B run of its own grouped with it."""
+    from embodyhpc.tracking import wandb_sink
+
+    if not wandb_sink.enabled(config.tracking):
+        return
+    try:
+        from embodyhpc.tracking.evaluation import child_metrics, headline_metrics
+
+        adhoc = info.kind == "eval"
+        project = config.tracking.wandb_project or config.tracking.experiment or config.job.experiment
+        if adhoc:  # its own W&B run (a new id kept in its folder), grouped under the training run's (its MLflow id)
+            run_id, group = wandb_sink.wandb_run_id(run), info.mlflow_run_id
+            where, metrics = run, child_metrics(report["results"])
+        else:  # the training run's W&B run, whose folder keeps its id (a checkpoint's evaluation: the parent's)
+            where = Path(info.parent_run or run)
+            run_id, group = wandb_sink.wandb_run_id(where, info.mlflow_run_id), None
+            metrics = headline_metrics(report["results"])
+        videos = sorted((run / VIDEOS_DIR).glob("*/*/*.mp4")) if (run / VIDEOS_DIR).is_dir() else []
+        images = {name: path for name, path in outputs.items() if path.suffix == ".png"}
+        wandb_sink.log_evaluation_wandb(where, config.tracking, project=project, run_id=run_id, step=step,
+                                        metrics=metrics, images=images, videos=videos, adhoc_of=group,
+                                        name=f"ckpt-eval step {step}" if adhoc else None)
+        sync = (f"upload: wandb sync --yes {wandb_sink.wandb_dir(where)}/offline-run-*"
+                if config.tracking.wandb_mode == "offline" else "online")
+        print(f"report: W&B run {run_id} ({sync})", flush=True)
+    except Exception as exc:  # W&B is the second sink: its failure never costs the report
+        print(f"report: W&B logging failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
 def _log_failure_logs(uri: str, info: RunInfo, run: Path) -> None:

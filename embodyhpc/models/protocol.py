@@ -10,13 +10,16 @@ Who calls what:
 - evaluation: the spec's `inference` class wraps the model and implements EvalPolicy;
 - `embodyhpc smoke`: the spec's `smoke` object implements SmokeModel.
 - `embodyhpc export --format lerobot`: the spec's `lerobot_export` implements LeRobotExporter.
+- reinforcement learning (embodyhpc/rl, Flow-SDE): `flow_velocity_fn(batch)` and `flow_velocities(batch, x, t)`
+  (FlowPolicy below), in rl's time convention whatever the family's own; the inference class's
+  `observation_batch(observations)` rebuilds the batch a stored observation was acted on with.
 
 Every torch.nn.Module that adds fsdp_units, init_rules and init_weights satisfies TrainablePolicy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -53,6 +56,23 @@ class TrainablePolicy(Protocol):
     def parameters(self, recurse: bool = True) -> Any: ...
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class FlowPolicy(Protocol):
+    """What RL (embodyhpc/rl/flow_sde.py) calls on a flow-matching model, in ONE time convention for every family:
+    t in [0, 1], t = 1 pure noise, t = 0 the action, v = dx/dt (a family with another convention converts inside).
+    Plain torch, gradients flow (the caller disables them for rollouts)."""
+
+    def flow_velocity_fn(self, batch: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """v(x [N, H, A], t [N] float64) -> [N, H, A]; the batch's prefix (images, text, state) is encoded once, in
+        this call, and reused by every call of the returned function. Unsharded models only (rollout workers)."""
+        ...
+
+    def flow_velocities(self, batch: Any, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """[N, K, H, A]: the velocities of the K denoising inputs x [N, K, H, A] at times t [K] in one call, equal to
+        flow_velocity_fn step by step; listed by fsdp_forward_methods() so a sharded actor can differentiate it."""
+        ...
 
 
 @runtime_checkable

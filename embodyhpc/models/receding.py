@@ -10,8 +10,9 @@ own action queue and noise generator (`reset(task, seed, env=i)`); `act_batch(ob
 chunks of all envs that need one in a single forward over their stacked observations (each env's noise drawn from
 its own generator, so an episode's actions do not depend on which episodes share its batch).
 
-A family subclasses RecedingHorizonRunner and writes only `predict_chunks` (its observations -> its batch), handing
-the batch to `sample_chunks`.
+A family subclasses RecedingHorizonRunner and writes only `observation_batch` (its observations -> its batch, on the
+host); `predict_chunks` hands that batch to `sample_chunks`. RL (embodyhpc/rl) rebuilds the model batch of a stored
+observation with the same `observation_batch`, so the actor scores exactly what the rollout acted on.
 """
 
 from __future__ import annotations
@@ -78,7 +79,13 @@ class RecedingHorizonRunner:
 
     def predict_chunks(self, observations: Sequence[Obs], envs: Sequence[int]) -> list[np.ndarray]:
         """[horizon, num_action_dims] float32 actions per observation, in one batch; env envs[i]'s generator
-        draws observations[i]'s noise (the family's part: build its batch, then `sample_chunks`)."""
+        draws observations[i]'s noise."""
+        self._check_reset(envs)
+        return self.sample_chunks(self.observation_batch(observations), envs)
+
+    def observation_batch(self, observations: Sequence[Obs]) -> Any:
+        """The model's batch (on the host, no actions) of these suite observations, fed exactly as in training: the
+        family's part."""
         raise NotImplementedError
 
     def sample_chunks(self, batch: Any, envs: Sequence[int]) -> list[np.ndarray]:

@@ -1,7 +1,8 @@
 """Execute a plan on this machine, without Slurm (submitit's local executor): `LocalBackend`.
 
 Jobs run one after another (the local executor has no dependencies): training with all its ranks as local
-processes (or the export of a checkpoint, for an evaluation of one), then the evaluation shards (at most
+processes (an RL run's job: the processes of all its groups, actor, rollout and env, as the plan's shape counts
+them; or the export of a checkpoint, for an evaluation of one), then the evaluation shards (at most
 `array_parallelism` at a time), then the report. Each job runs with its shape from the plan: its processes, its
 time limit (plus slack for process start-up) and its environment (what its sbatch script would export, with
 OMP_NUM_THREADS=1). An `afterok` job whose dependency failed is recorded CANCELLED, as Slurm would. States go to
@@ -119,8 +120,11 @@ class _LocalChain:
         return rec
 
     def run_one(self, job: Job) -> str:
-        tasks = job.shape.nodes * job.shape.tasks_per_node  # every process of the job, here
-        if job.kind == "train":
+        tasks = job.shape.tasks  # every process of the job, here (an RL job's: its groups' together)
+        if job.shape.groups:  # each process finds its role from its rank (embodyhpc.rl.roles)
+            roles = ", ".join(f"{group.tasks} {group.role}" for group in job.shape.groups)
+            self.progress(f"{job.kind}: {tasks} local processes ({roles})")
+        elif job.kind == "train":
             self.progress(f"{job.kind}: {tasks} local processes")
         background = _CheckpointEvals(self.plan.run_dir, self.progress) if job.spec.starts_evals else None
         handle = self.executor(job, tasks).submit(import_name(job.spec.task), str(self.plan.run_dir))

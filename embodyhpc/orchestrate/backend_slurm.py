@@ -1,4 +1,5 @@
-"""Execute a plan on Slurm through submitit: one sbatch per job, dependencies as job ids.
+"""Execute a plan on Slurm through submitit: one sbatch per job, dependencies as job ids. A heterogeneous job (a
+shape with groups: the RL job) goes to sbatch through embodyhpc.slurm.hetjob instead, which submitit cannot do.
 
 An `afterok` job is submitted with --kill-on-invalid-dep=yes, so a failed training job cancels the evaluation
 array instead of leaving it pending forever; the report (`afterany`) still runs and records why. If one submission
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 from embodyhpc.plugins import import_name
 from embodyhpc.rundir import submitit_folder, write_private
 from embodyhpc.runinfo import JobRecord, RunInfo
-from embodyhpc.slurm import commands
+from embodyhpc.slurm import commands, hetjob
 from embodyhpc.slurm.executor import RecipeExecutor
 
 if TYPE_CHECKING:
@@ -51,6 +52,10 @@ class SlurmBackend:
 
     def _submit_job(self, job: Job, plan: Plan, info: RunInfo, job_ids: dict[str, str]) -> JobRecord:
         sbatch_args = dependency_args(job.spec, job_ids)
+        if job.shape.groups:
+            record = hetjob.submit(job, plan.run_dir, info, sbatch_args)
+            job_ids[job.kind] = str(record.job_id)
+            return record
         executor = RecipeExecutor(submitit_folder(plan.run_dir), shape=job.shape, script=job.script,
                                   python=plan.python, sbatch_args=sbatch_args,
                                   max_num_timeout=job.shape.max_requeues)

@@ -1,6 +1,7 @@
 """The chain of a run, described once as data; both backends execute this description.
 
     training run:          train -> eval array (afterok) -> report (afterany)
+    RL run (rl.enabled):   rl -> eval array (afterok) -> report (afterany)   (one heterogeneous job replaces train)
     evaluation of weights: [export ->] eval array (afterok) -> report (afterany)   (`embodyhpc eval`, and the
                            evaluations of checkpoints that training starts while it runs)
     smoke:                 one smoke job
@@ -20,13 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from embodyhpc.config.load import LoadedRecipe
+from embodyhpc.config.rl_schema import ROLES as RL_ROLES  # the RL job's groups in order: het group 0, 1, 2
+from embodyhpc.config.rl_schema import RoleGroup
+from embodyhpc.errors import ConfigError
 from embodyhpc.evaluate import evaluated_checkpoint
 from embodyhpc.plugins import import_name
 from embodyhpc.rundir import script_file
-from embodyhpc.slurm.render import render_jobs, submitit_command
+from embodyhpc.slurm.render import module_command, render_jobs, submitit_command
 
 TASKS = {
     "train": "embodyhpc.launch.train:train_task",
+    "rl": "embodyhpc.launch.rl:rl_task",
     "export": "embodyhpc.launch.export:export_task",
     "eval": "embodyhpc.launch.eval:eval_shard_task",
     "report": "embodyhpc.launch.report:report_task",
@@ -35,6 +40,9 @@ TASKS = {
 """Each job kind's task, `module:function`: called with the run directory (and the shard index, in an array)."""
 SMOKE_TIME_MIN = 60  # embodyhpc smoke --submit: ~17 short trainings, inductor compiles included
 REPORT_TIME_MIN = 15
+RL_MODULE = "embodyhpc.launch.rl"
+"""What every process of the RL job runs: `python -m embodyhpc.launch.rl <run_dir>` (TASKS["rl"] behind it); the
+role comes from the environment (embodyhpc.rl.roles)."""
 
 
 @dataclass(frozen=True)
@@ -56,12 +64,13 @@ class JobSpec:
 
 
 def chain_kinds(loaded: LoadedRecipe, *, eval_only: bool = False) -> list[str]:
-    """The jobs of this recipe's chain, in order: train -> eval -> report (no eval array when eval.enabled is
-    false). An evaluation of weights that exist (`embodyhpc eval`, evaluations while training runs) has no training;
-    it starts with an export job when eval.weights is a run's checkpoints/step-N folder."""
+    """The jobs of this recipe's chain, in order: train (rl for an RL recipe) -> eval -> report (no eval array
+    when eval.enabled is false). An evaluation of weights that exist (`embodyhpc eval`, evaluations while training
+    runs) has no training; it starts with an export job when eval.weights is a run's checkpoints/step-N folder."""
     if eval_only:
         return (["export"] if evaluated_checkpoint(loaded.config.eval) else []) + ["eval", "report"]
-    return ["train"] + (["eval"] if loaded.config.eval.enabled else []) + ["report"]
+    first = "rl" if loaded.config.rl.enabled else "train"
+    return [first] + (["eval"] if loaded.config.eval.enabled else []) + ["report"]
 
 
 def chain_specs(loaded: LoadedRecipe, *, eval_only: bool = False) -> list[JobSpec]:
@@ -69,7 +78,7 @@ def chain_specs(loaded: LoadedRecipe, *, eval_only: bool = False) -> list[JobSpe
     jobs: list[JobSpec] = []
     for kind in chain_kinds(loaded, eval_only=eval_only):
         before = tuple(job.kind for job in jobs)
-        if kind == "eval":  # the training (or export) it evaluates
+        if kind == "eval":  # the training (RL, export) it evaluates
             ev = loaded.config.eval
             jobs.append(JobSpec(kind, TASKS[kind], before[:1], "afterok", ev.shards, ev.array_parallelism))
         elif kind == "report":  # whatever happened before: it records why a chain did not complete
@@ -78,6 +87,24 @@ def chain_specs(loaded: LoadedRecipe, *, eval_only: bool = False) -> list[JobSpe
             jobs.append(JobSpec(kind, TASKS[kind],
                                 starts_evals=kind == "train" and bool(loaded.config.eval.every_k_checkpoints)))
     return jobs
+
+
+@dataclass(frozen=True)
+class HetGroup:
+    """One group of a heterogeneous job (one `#SBATCH hetjob` component; the RL job's actor, rollout or env)."""
+
+    role: str
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    mem: str
+    gpus: int  # per node
+    partition: str | None = None
+    """None: the site's partition."""
+
+    @property
+    def tasks(self) -> int:
+        return self.nodes * self.tasks_per_node
 
 
 @dataclass(frozen=True)
@@ -104,6 +131,17 @@ class JobShape:
     """What the job runs: submitit's command (slurm.render.submitit_command), shell-quoted."""
     max_requeues: int = 3
     """How often submitit puts the job back in the queue after a timeout or preemption."""
+    groups: tuple[HetGroup, ...] = ()
+    """A heterogeneous job's groups in order (the RL job: actor, rollout, env); () for every other job. With groups,
+    nodes/tasks_per_node/cpus_per_task/mem/gpus are what one allocation holding all of them asks for (the site's
+    fallback, site.het_jobs: false): the groups' nodes summed, each node sized for the largest group."""
+
+    @property
+    def tasks(self) -> int:
+        """Every process of the job (the groups' together): what the local backend starts."""
+        if self.groups:
+            return sum(group.tasks for group in self.groups)
+        return self.nodes * self.tasks_per_node
 
 
 def job_shape(loaded: LoadedRecipe, kind: str, run_dir: Path, command: str) -> JobShape:
@@ -127,7 +165,41 @@ def job_shape(loaded: LoadedRecipe, kind: str, run_dir: Path, command: str) -> J
         return JobShape(kind, 1, 1, res.eval_time_min, cpus_per_task=ev.cpus_per_task, mem=ev.mem, **common)
     if kind == "report":
         return JobShape(kind, 1, 1, REPORT_TIME_MIN, **common)
+    if kind == "rl":
+        return _rl_shape(loaded, env, common)
     raise ValueError(f"unknown job kind {kind!r}; expected one of {tuple(TASKS)}")
+
+
+def _rl_shape(loaded: LoadedRecipe, env: dict[str, str], common: dict) -> JobShape:
+    """The RL job: its groups from rl.resources (rl-config's RLConfig.group resolves each role's processes), the
+    training job's time, signal delay and network environment; EMBODYHPC_RL_SIZES tells every process how many of
+    each role there are (embodyhpc.rl.roles maps a rank to its role with it)."""
+    cfg = loaded.config
+    if not cfg.rl.enabled:
+        raise ConfigError("the rl job is the job of an RL recipe; this recipe has rl.enabled: false",
+                          key="rl.enabled", fix="set rl.enabled=true, or render the train job")
+    groups = tuple(_het_group(cfg.rl.group(role)) for role in RL_ROLES)
+    sizes = ",".join(f"{group.role}={group.tasks}" for group in groups)
+    common = {**common, "env": {**env, **cfg.network.environment(), "EMBODYHPC_RL_SIZES": sizes}}
+    return JobShape("rl", sum(g.nodes for g in groups), max(g.tasks_per_node for g in groups),
+                    loaded.resolved.train_time_min, cpus_per_task=max(g.cpus_per_task for g in groups),
+                    mem=max((g.mem for g in groups), key=mem_megabytes), gpus=max(g.gpus for g in groups),
+                    whole_node=any(g.gpus for g in groups), signal_delay_s=cfg.resources.signal_delay_s,
+                    groups=groups, **common)
+
+
+def _het_group(group: RoleGroup) -> HetGroup:
+    return HetGroup(group.role, group.nodes, group.tasks_per_node, group.cpus_per_task, group.mem,
+                    group.gpus_per_node, group.partition)
+
+
+_MEM_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def mem_megabytes(mem: str) -> float:
+    """sbatch --mem text in megabytes, for comparing sizes; "0" (all of a node's memory) is the largest."""
+    number, unit = (mem[:-1], mem[-1]) if mem[-1:].isalpha() else (mem, "M")
+    return float("inf") if int(number) == 0 else int(number) * _MEM_UNITS[unit.upper()]
 
 
 @dataclass(frozen=True)
@@ -152,9 +224,10 @@ class Plan:
 
 def make_plan(loaded: LoadedRecipe, specs: list[JobSpec], run_dir: Path, python: str) -> Plan:
     """Each job's shape and script (slurm.render: once per job). A broken or refused template raises here."""
-    command = submitit_command(python, run_dir)  # every job of a run runs submitit's one command
+    command = submitit_command(python, run_dir)  # every job of a run runs submitit's one command, but the RL job:
+    rl_command = module_command(python, RL_MODULE, run_dir)  # a heterogeneous job submitit cannot submit
     paths = [script_file(run_dir, spec.kind) for spec in specs]
-    shapes = [job_shape(loaded, spec.kind, run_dir, command) for spec in specs]
+    shapes = [job_shape(loaded, spec.kind, run_dir, rl_command if spec.kind == "rl" else command) for spec in specs]
     scripts = render_jobs(loaded, shapes, run_dir)
     return Plan(Path(run_dir), python, tuple([Job(spec.kind, spec, shape, script, path) for spec, shape, script, path
                                               in zip(specs, shapes, scripts, paths, strict=True)]))

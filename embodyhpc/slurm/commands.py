@@ -57,6 +57,16 @@ def cancel(job_ids: list[str]) -> None:
         run(["scancel", *job_ids])
 
 
+def sbatch_parsable(script: str, sbatch_args: list[str], prefix: list[str] | None = None) -> str:
+    """`[prefix...] sbatch --parsable ARGS SCRIPT`: the job id Slurm gave (a job embodyhpc submits without
+    submitit: the heterogeneous RL job). `prefix`: e.g. `env -u ...` (executor.without_job_environment)."""
+    out = run([*(prefix or []), "sbatch", "--parsable", *sbatch_args, script])
+    job_id = (out.strip().splitlines() or [""])[0].split(";")[0]  # "123" or "123;cluster"
+    if not JOB_ID.fullmatch(job_id):
+        raise SlurmError(f"sbatch --parsable answered {out.strip()[:100]!r}, not a job id")
+    return job_id
+
+
 def requeue(job_id: str) -> None:
     """Put a running job back into the queue (it restarts with the same id, SLURM_RESTART_COUNT + 1).
 

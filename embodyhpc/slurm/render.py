@@ -25,6 +25,8 @@ from embodyhpc.errors import ConfigError
 from embodyhpc.rundir import submitit_folder
 
 JOB_KINDS = ("train", "export", "eval", "report", "smoke")
+HET_JOB_KINDS = ("rl",)
+"""Jobs of several groups (a heterogeneous job, rl.sbatch.j2): rendered only for a recipe that has them."""
 SIGNAL = "USR2"  # submitit's handler listens for it (timeout and preemption)
 
 
@@ -112,6 +114,18 @@ def template_env(templates_dir: str | None) -> jinja2.Environment:
     )
 
 
+class HetGroup(Protocol):
+    """One group of a heterogeneous job (embodyhpc.orchestrate.plan.HetGroup), read here by its attributes."""
+
+    role: str
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    mem: str
+    gpus: int
+    partition: str | None
+
+
 class JobShape(Protocol):
     """What the script (render_jobs) and submitit (executor.RecipeExecutor) read of a job: the plan's job shape
     (embodyhpc.orchestrate.plan.JobShape, computed once per job), read here by its attributes."""
@@ -129,17 +143,31 @@ class JobShape(Protocol):
     signal_delay_s: int
     env: Mapping[str, str]
     command: str
+    groups: Sequence[HetGroup]
+
+    @property
+    def tasks(self) -> int: ...
 
 
 def submitit_command(python: str, run_dir: Path) -> Shell:
     """The command submitit puts into the script (see SlurmExecutor._submitit_command_str). A run directory or python
     with a control character is refused here, where both enter the job's command."""
+    _refuse_control_characters(python, run_dir)
+    return Shell(" ".join([shlex.quote(python), "-u -m submitit.core._submit",
+                           shlex.quote(str(submitit_folder(run_dir)))]))
+
+
+def module_command(python: str, module: str, run_dir: Path) -> Shell:
+    """`python -u -m <module> <run_dir>`, quoted: what a job that embodyhpc submits itself runs (the RL job)."""
+    _refuse_control_characters(python, run_dir)
+    return shell_join([python, "-u", "-m", module, str(run_dir)])
+
+
+def _refuse_control_characters(python: str, run_dir: Path) -> None:
     for text, what, key in ((str(run_dir), "the run directory", "--run-dir"), (python, "the python", "site.python")):
         if any(ord(c) < 32 or ord(c) == 127 for c in text):
             raise ConfigError(f"{what} contains a newline or control character: {text!r}", key=key,
                               fix="use a path without control characters")
-    return Shell(" ".join([shlex.quote(python), "-u -m submitit.core._submit",
-                           shlex.quote(str(submitit_folder(run_dir)))]))
 
 
 def log_paths(run_dir: Path, array: bool) -> tuple[str, str]:
@@ -211,9 +239,48 @@ def render_jobs(loaded: LoadedRecipe, shapes: Sequence[JobShape], run_dir: Path)
             "command": Shell(shape.command),
             "kind": shape.kind,
             "recipe": loaded.recipe,
+            **_het_context(loaded, shape, folder),
         }
         scripts.append(_render(env, f"{shape.kind}.sbatch.j2", context, custom=bool(cfg.site.templates_dir)))
     return scripts
+
+
+def _het_context(loaded: LoadedRecipe, shape: JobShape, folder: Path) -> dict[str, object]:
+    """What rl.sbatch.j2 reads of a heterogeneous job: `components`, the #SBATCH blocks (one per group, or the one
+    allocation of site.het_jobs: false), and `groups` with the role, node offset and log paths of each group."""
+    if not shape.groups:
+        return {"het_jobs": False, "components": [], "groups": [], "ntasks": shape.nodes * shape.tasks_per_node}
+    site = loaded.config.site
+    if shape.array_size:
+        raise ConfigError(f"the {shape.kind} job has {len(shape.groups)} groups and an array of {shape.array_size}: "
+                          "Slurm runs no heterogeneous job as an array", fix="submit one job per array element")
+
+    def component(role: str, r: HetGroup | JobShape, partition: str | None) -> dict[str, object]:
+        return {"role": role, "partition": partition or site.partition, "nodes": r.nodes,
+                "ntasks_per_node": r.tasks_per_node, "cpus_per_task": r.cpus_per_task, "mem": r.mem,
+                "gpus": r.gpus if site.gpu_request != "none" else 0,
+                "constraint": site.constraint if r.gpus else None, "exclusive": site.exclusive and bool(r.gpus)}
+
+    groups, offset = [], 0
+    for group in shape.groups:
+        stdout, stderr = (Shell(f'{shlex.quote(str(folder))}/"${{SLURM_JOB_ID}}"'
+                                f'{shlex.quote(f"_{group.role}-%t_log.{ext}")}') for ext in ("out", "err"))
+        groups.append({**component(group.role, group, group.partition), "node_offset": offset,
+                       "stdout": stdout, "stderr": stderr})
+        offset += group.nodes
+    if site.het_jobs:
+        return {"het_jobs": True, "components": groups, "groups": groups, "ntasks": shape.tasks}
+    partitions = {group.partition or site.partition for group in shape.groups}
+    if len(partitions) > 1:
+        named = ", ".join(f"{g.role}: {g.partition or site.partition}" for g in shape.groups)
+        raise ConfigError(f"one allocation (site.het_jobs: false) has one partition, the {shape.kind} job's groups "
+                          f"ask for several ({named})", key="site.het_jobs",
+                          fix="give every rl.resources.<role>.partition the same partition (or none), or run on a "
+                              "site that allows heterogeneous jobs (site.het_jobs: true)")
+    one = component("all", shape, partitions.pop())
+    one["constraint"] = site.constraint if shape.whole_node else None
+    one["exclusive"] = site.exclusive and shape.whole_node
+    return {"het_jobs": False, "components": [one], "groups": groups, "ntasks": shape.tasks}
 
 
 def _render(env: jinja2.Environment, name: str, context: dict[str, object], *, custom: bool) -> str:

@@ -1,4 +1,7 @@
-"""What each job of a run's chain is doing: from sacct/squeue (slurm) or run.json (local)."""
+"""What each job of a run's chain is doing: from sacct/squeue (slurm) or run.json (local).
+
+A heterogeneous job (the RL job) is one record J in run.json and one row per component (J+0, J+1, ...) in
+sacct/squeue: its status is their summary (hetjob.summarise_states), its nodes all of theirs."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from dataclasses import dataclass, field
 
 from embodyhpc.errors import SlurmError
 from embodyhpc.runinfo import RunInfo
-from embodyhpc.slurm import commands
+from embodyhpc.slurm import commands, hetjob
 
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 # the worst state of an array wins its summary
@@ -87,7 +90,7 @@ def _slurm_rows(job_ids: list[str]) -> dict[str, list[dict[str, str]]]:
             row.update(State=state, Reason=reason, NodeList=nodes)
     grouped: dict[str, list[dict[str, str]]] = {j: [] for j in job_ids}
     for job_id, row in rows.items():
-        base = job_id.split("_")[0].split(".")[0]
+        base = job_id.split("_")[0].split(".")[0].split("+")[0]  # an array element, a step, a het component
         if base in grouped:
             grouped[base].append(row)
     return grouped
@@ -148,6 +151,9 @@ def _chain_status(info: RunInfo, grouped: dict[str, list[dict[str, str]]] | None
                 reason=", ".join(sorted(reasons)) or None,
                 exit_code=max((c for c in codes if c is not None), default=None),
                 array_size=record.array_size, array_counts=dict(counts)))
+        elif (count := hetjob.component_count(info.run_dir, record.kind) or 0) > 1 or any(
+                hetjob.is_component(row["JobID"]) for row in rows):
+            statuses.append(_het_status(record.kind, record.job_id, rows, count))
         else:
             row = rows[0] if rows else {}
             reason = row.get("Reason")
@@ -157,3 +163,23 @@ def _chain_status(info: RunInfo, grouped: dict[str, list[dict[str, str]]] | None
                 exit_code=exit_code_of(row.get("ExitCode", "")), nodes=row.get("NodeList") or None,
                 elapsed=row.get("Elapsed") or None))
     return statuses
+
+
+def _het_status(kind: str, job_id: str | None, rows: list[dict[str, str]], count: int) -> JobStatus:
+    """A heterogeneous job from its components' rows (sacct's and squeue's, one per component J+i). A component of
+    the `count` the job has that neither reports yet is UNKNOWN: the job is not finished before it is. Seen on the
+    local cluster: around its start and end, sacct names the job `J` alone (no +0) for a moment, the other
+    components missing: that row stands for component 0 only until J+0 is reported."""
+    by_offset = {hetjob.component_offset(row["JobID"]): row for row in rows if hetjob.is_component(row["JobID"])}
+    plain = next((row for row in rows if row["JobID"] == job_id), None)
+    if plain is not None and 0 not in by_offset:
+        by_offset[0] = plain
+    rows = [by_offset[offset] for offset in sorted(by_offset)]
+    unreported = max(count - len(rows), 0)
+    reasons = [r["Reason"] for r in rows if r.get("Reason") not in (None, "", "None")]
+    codes = [c for c in (exit_code_of(r.get("ExitCode", "")) for r in rows) if c is not None]
+    nodes = [r["NodeList"] for r in rows if r.get("NodeList") and r["NodeList"] != "None assigned"]
+    states = [r["State"] for r in rows] + ["UNKNOWN"] * unreported
+    return JobStatus(kind=kind, job_id=job_id, state=hetjob.summarise_states(states),
+                     reason=", ".join(dict.fromkeys(reasons)) or None, exit_code=max(codes, default=None),
+                     nodes=",".join(dict.fromkeys(nodes)) or None, elapsed=rows[0].get("Elapsed") or None)

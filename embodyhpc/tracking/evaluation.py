@@ -9,9 +9,13 @@ run, the trained policy's numbers linked to the logged model it evaluated.
                                              in that table, not single-point charts.
     child run "step <N> eval <hash>"         the same, per task and per policy (success rate, Wilson interval, mean
                                              return, mean episode length, episodes missing), the evaluation's
-                                             parameters, report.md (its images linked into the run's artifacts),
+                                             parameters, report.html (previewed by MLflow, its plots embedded),
+                                             report.md (for terminals: its images are links in MLflow's viewer),
                                              plots, videos; start and end are those of the evaluation itself;
                                              FINISHED only when the evaluation is complete, FAILED with the reason
+    the plots as images (log_image)          eval/<plot> at the step, on the training run for a point of its curve
+                                             (the chart view shows them per step; reports/step-<N>.html there too),
+                                             else on the child run
     logged model of the weights (if any)     the trained policy's metrics of the child run carry its model_id and the
                                              evaluation as their dataset: the model's page shows them
 
@@ -59,6 +63,10 @@ WEIGHTS_TAG = "embodyhpc.weights"
 """On an evaluation's child run: the checkpoint or export folder it evaluated (search_runs finds a checkpoint's)."""
 EVAL_CKPT_TAG = "embodyhpc.eval_ckpt/"
 """On the training run, per ad-hoc evaluation: EVAL_CKPT_TAG + "step-<N>/<hash>" = its result, run id, weights."""
+IMAGE_PREFIX = "eval/"
+"""log_image key of a report plot: eval/<plot name>."""
+REPORTS_DIR = "reports"
+"""On the training run: reports/step-<N>.html, the rendered report of each evaluation on its curve."""
 _IMAGE_LINK = re.compile(r"!\[(?P<alt>[^\]]*)\]\((?P<path>[^)\s]+)\)")
 
 
@@ -141,9 +149,14 @@ def mlflow_markdown(markdown: str, run_id: str, prefix: str = "") -> str:
 def log_evaluation(uri: str, training_run_id: str, *, step: int | None, results: Mapping[str, Any],
                    params: Mapping[str, Any], outcome: str, why: str, summary: Path | None,
                    artifacts: Sequence[tuple[Path, str | None]], start_ms: int | None, end_ms: int | None,
-                   tags: Mapping[str, Any] | None = None, adhoc: bool = False) -> str:
+                   tags: Mapping[str, Any] | None = None, adhoc: bool = False,
+                   images: Mapping[str, Path] | None = None, html: Path | None = None) -> str:
     """Log one evaluation (see the module doc); returns the child run's id. The training run's curve and result
-    change only for an evaluation of a checkpoint step with results that is not ad hoc."""
+    change only for an evaluation of a checkpoint step with results that is not ad hoc.
+
+    `images` ({name: PNG}): logged with MLflow's log_image as eval/<name> at the step (the run page's chart view
+    shows them per step), on the training run for a point of its curve, else on the child run. `html`: the
+    rendered report (images embedded), also kept on the training run as reports/step-<N>.html for a curve point."""
     with bounded_http(CLI_HTTP_ENV):
         try:
             model_id = _logged_model(client(uri), training_run_id, params.get("weights"))
@@ -185,12 +198,26 @@ def log_evaluation(uri: str, training_run_id: str, *, step: int | None, results:
             elif step is not None and headline:
                 log_step_metrics(mlflow_client, training_run_id, headline, step, timestamp_ms=end_ms)
                 update_training_run(mlflow_client, training_run_id, results, step)
+            on_curve = not adhoc and step is not None and bool(headline)
+            log_images(mlflow_client, training_run_id if on_curve else child, images or {}, step or 0)
+            if on_curve and html is not None and html.is_file():
+                mlflow_client.log_text(training_run_id, html.read_text(), f"{REPORTS_DIR}/step-{step}.html")
         except TrackingError:
             raise
         except Exception as exc:
             raise TrackingError(f"could not log the evaluation of step {step} on MLflow run {training_run_id}: "
                                 f"{one_line(exc)}") from exc
     return child
+
+
+def log_images(mlflow_client: Any, run_id: str, images: Mapping[str, Path], step: int) -> None:
+    """Each PNG as MLflow image `eval/<name>` at `step` (log_image with a key: the chart view's image panels)."""
+    from PIL import Image
+
+    for name, path in images.items():
+        with Image.open(path) as opened:
+            mlflow_client.log_image(run_id, opened.convert("RGB"), key=f"{IMAGE_PREFIX}{name}", step=int(step),
+                                    synchronous=True)
 
 
 def _logged_model(mlflow_client: Any, training_run_id: str, weights: str | None) -> str | None:

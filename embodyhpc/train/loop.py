@@ -17,7 +17,8 @@ Order, and why:
 5. each optimizer step runs resolved.grad_accum_steps micro-batches; FSDP2 reduce-scatters gradients only on the
    last (set_requires_gradient_sync), the earlier ones accumulate locally; the loss is divided by the number of
    micro-batches so the accumulated gradient is the mean over the global batch;
-6. clip (train.grad_clip; 0 only measures the norm), optimizer and scheduler step, sampler accounting, metrics,
+6. clip (train.grad_clip; 0 only measures the norm), optimizer step, the weights' moving average (train.ema_decay,
+   ema.py: after the step, saved and resumed with the checkpoints), scheduler step, sampler accounting, metrics,
    the stop agreement (preempt.py), periodic async save; at the end a blocking save, the export,
    Checkpointer.close and a barrier.
 7. Preemption or time limit (SIGUSR2, or SIGTERM, on any rank): every rank learns of it at the next step boundary
@@ -64,6 +65,8 @@ from embodyhpc.models.spec import ModelSpec
 from embodyhpc.parallel import build_mesh, materialize, parallelize
 from embodyhpc.parallel.device import rank_device
 from embodyhpc.rundir import CHECKPOINTS_DIR, EXPORT_DIR, METRICS_FILE
+from embodyhpc.train.ema import ParameterEMA, build_ema
+from embodyhpc.train.log_step import fp8_metrics, over_ranks, reduced_metrics
 from embodyhpc.train.metrics import ConsoleMetricsSink, JsonlMetricsSink, MetricsSink, logs_at
 from embodyhpc.train.optim import build_optimizer
 from embodyhpc.train.preempt import StopSignal, cpu_group
@@ -144,6 +147,7 @@ class TrainRun:
     fp8_gemms: FP8GemmCounter
     amax_group: dist.ProcessGroup | None
     optimizer: torch.optim.Optimizer
+    ema: ParameterEMA | None  # train.ema_decay's moving average of the weights (None without one)
     scheduler: torch.optim.lr_scheduler.LambdaLR
     loader: Any
     sampler: Any
@@ -201,6 +205,7 @@ class TrainRun:
         self.fp8_gemms = FP8GemmCounter(self.model, device)  # no layers (and nothing logged) unless precision.mode=fp8
         self.amax_group = dist.group.WORLD if dist.get_world_size() > 1 else None
         self.optimizer = build_optimizer(self.model, lr=config.train.lr, weight_decay=config.train.weight_decay)
+        self.ema = build_ema(self.model, config.train.ema_decay, config.eval.weights_kind)
 
     def _build_data(self, normalizer: StateNormalizer) -> None:
         """This rank's share of the dataset, batched by the model's collate, and what the metrics count of a batch."""
@@ -217,16 +222,20 @@ class TrainRun:
     def _restore(self) -> int:
         """The step to go on from: the newest complete checkpoint's (model, optimizer, RNG streams, sampler), or 0; a
         fresh run fine-tunes from model.init_weights when set (each rank reads its shard's slices)."""
-        loaded = self.ckpt.load_latest(self.model, self.optimizer)
+        loaded = self.ckpt.load_latest(self.model, self.optimizer, ema=self.ema)
         if loaded is not None:
             if loaded.trainer.sampler is not None:
                 self.sampler.load_state_dict(loaded.trainer.sampler)
+            if self.ema is not None and not loaded.ema_restored:  # train.ema_decay set on resume: start it here
+                self.ema.reset(note=f"{loaded.folder.name} holds no moving average" if self.is_rank0 else None)
             return loaded.step
         if self.config.model.init_weights:
             report = load_init_weights(self.model, self.config.model.init_weights,
                                        self.spec.load("weights") if self.spec.weights is not None else None)
             if self.is_rank0:
                 print(f"init weights: {report.summary()}", flush=True)
+        if self.ema is not None:  # the average starts at the weights training starts from
+            self.ema.reset()
         return 0
 
     def _rank0_sinks(self, sinks: Sequence[MetricsSink] | None,
@@ -273,6 +282,8 @@ class TrainRun:
             self._micro_batch(stats, last=micro == accum - 1, loss_scale=1.0 / accum)
         stats.grad_norm = _clip_grad_norm(self.model.parameters(), self.config.train.grad_clip)
         self.optimizer.step()
+        if self.ema is not None:
+            self.ema.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.stream.commit()
@@ -299,11 +310,12 @@ class TrainRun:
         if not logs_at(step, train_cfg.log_every, train_cfg.steps):
             return
         skipped = self.loader.skipped_samples if self.config.data.on_bad_sample == "skip" else None
-        self.last_metrics = _reduced_metrics(stats.loss_sum / accum, stats.grad_norm, stats.lr, stats.step_time_s,
+        self.last_metrics = reduced_metrics(stats.loss_sum / accum, stats.grad_norm, stats.lr, stats.step_time_s,
                                              stats.wait_s, stats.num_tokens, stats.budget_tokens,
                                              train_cfg.micro_batch_size * accum, self.dist_env.world_size,
                                              self.device, skipped_samples=skipped)
-        self.last_metrics.update(_fp8_metrics(self.fp8_gemms, self.steps_since_log))
+        self.last_metrics.update(fp8_metrics(self.fp8_gemms, self.steps_since_log))
+        self.last_metrics.update(over_ranks(self.stream.loader_metrics(), self.device))  # decode, loader rate
         self.steps_since_log = 0
         for sink in self.sinks:
             sink.write(step, self.last_metrics)
@@ -322,18 +334,20 @@ class TrainRun:
     def save_if_due(self, step: int, lr: float) -> None:
         """A periodic (async) checkpoint when checkpoint.every_steps says one is due."""
         if self.ckpt.due(step):
-            self.ckpt.save(step, self.model, self.optimizer, sampler_state=self.sampler.state_dict(), extra={"lr": lr})
+            self.ckpt.save(step, self.model, self.optimizer, sampler_state=self.sampler.state_dict(), extra={"lr": lr},
+                           ema=self.ema)
 
     # ---- the end ----
     def finish(self, config_yaml: str) -> Path | None:
         """The last step's checkpoint, blocking (the job may be requeued or killed right after this returns, and the
         checkpoint must be complete); then, unless a stop ended the run early, the export (with what evaluation needs
         to feed the policy as in training, hashed into export.json)."""
-        self.ckpt.save(self.step, self.model, self.optimizer, sampler_state=self.sampler.state_dict(), blocking=True)
+        self.ckpt.save(self.step, self.model, self.optimizer, sampler_state=self.sampler.state_dict(), blocking=True,
+                       ema=self.ema)
         if not self.config.checkpoint.export_final or self.stopped_by is not None:
             return None
         return self.ckpt.export(self.run_dir / EXPORT_DIR, config_yaml=config_yaml, step=self.step,
-                                side_files=self.policy_files)
+                                side_files=self.policy_files, weights_kind=self.config.eval.weights_kind)
 
 
 # ---- set-up helpers ----
@@ -429,42 +443,6 @@ def _clip_grad_norm(parameters, max_norm: float) -> float:
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     return float(norm)
-
-
-def _reduced_metrics(loss: torch.Tensor, grad_norm: float, lr: float, step_time_s: float, wait_s: float,
-                     num_tokens: int, budget_tokens: int, samples_per_device: int, world_size: int,
-                     device: torch.device, *, skipped_samples: int | None = None) -> dict[str, float]:
-    """Mean loss, step time and data wait over ranks, total tokens (and packing budget): one all_reduce on every
-    rank. `packing_efficiency` (useful tokens / the token budget of the packed micro-batches) is there only when
-    the collate packs (the budget is 0 otherwise, and the same decision follows on every rank from the sums).
-    `skipped_samples` (data.on_bad_sample=skip, the same choice on every rank): this rank's bad samples skipped so
-    far, summed over ranks into `data_skipped_samples`."""
-    skipped = [] if skipped_samples is None else [float(skipped_samples)]
-    values = torch.tensor([float(loss), step_time_s, wait_s, float(num_tokens), float(budget_tokens), *skipped],
-                          dtype=torch.float64)
-    values = values.to(device)
-    dist.all_reduce(values)
-    loss_mean, step_time_mean, wait_mean, tokens_total, budget_total = (values[:5] / torch.tensor(
-        [world_size, world_size, world_size, 1, 1], dtype=torch.float64, device=device)).tolist()
-    metrics = {"loss": loss_mean, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time_mean,
-               "samples_per_s_per_device": samples_per_device / step_time_mean,
-               "tokens_per_s": tokens_total / step_time_mean,
-               "data_wait_fraction": wait_mean / step_time_mean if step_time_mean > 0 else 0.0}
-    if budget_total > 0:
-        metrics["packing_efficiency"] = tokens_total / budget_total
-    if skipped:
-        metrics["data_skipped_samples"] = float(values[5])
-    return metrics
-
-
-def _fp8_metrics(counter: FP8GemmCounter, steps: int) -> dict[str, float]:
-    """fp8_gemms: forward GEMMs that ran in float8 per step on this rank (models/fp8.py FP8GemmCounter), averaged over
-    the steps since the last log; fp8_gemms_fell_back: GEMMs of fp8 layers that ran in high precision (te layers
-    outside te.autocast: should be 0). Nothing for a model without fp8 layers."""
-    if counter.num_layers == 0:
-        return {}
-    fp8, fell_back = counter.take()
-    return {"fp8_gemms": fp8 / max(steps, 1), "fp8_gemms_fell_back": fell_back / max(steps, 1)}
 
 
 def write_policy_io(export_dir: Path, data_root: str, model_cfg: ModelConfig, normalizer: StateNormalizer,

@@ -17,7 +17,10 @@ METRIC_FIELDS = ("loss", "lr", "grad_norm", "step_time_s", "samples_per_s_per_de
                  "data_wait_fraction")
 """The fields every logged step carries (besides `step`). Optional: `packing_efficiency` (useful tokens / token
 budget of the micro-batches), logged when the collate packs samples into rows; `data_skipped_samples` (bad samples
-skipped so far, all ranks), logged with data.on_bad_sample=skip."""
+skipped so far, all ranks), logged with data.on_bad_sample=skip. Rank 0's data loader, since the previous log
+step (train/stream.py loader_metrics): `data_decode_ms_per_sample` (video decode time per sample in its workers) and
+`data_loader_samples_per_s` (samples its workers deliver per second while busy)."""
+LOADER_FIELDS = ("data_decode_ms_per_sample", "data_loader_samples_per_s")
 
 
 def logs_at(step: int, log_every: int, last_step: int) -> bool:

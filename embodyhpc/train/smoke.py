@@ -16,6 +16,8 @@ graphs row also the graphs recorded after those 3 steps (re-recordings: 0 where 
 addresses change every step, so validate refuses parallelism.cuda_graphs for training and this row shows why).
 Without a GPU the CPU references run (sdpa and the CPU varlen kernel, fp32 and bf16, torchao FP8, compile with the
 aot_eager backend: inductor's CPU build takes minutes here) and every GPU row is skipped with its reason.
+After the rows, video decode: samples/s per DataLoader worker on the CPU and on the GPU (NVDEC), per codec, or why
+the GPU cannot decode (embodyhpc/data/decode_bench.py); a decode that fails fails the smoke.
 
 Each row runs in a process of its own (`python -m embodyhpc.train.smoke ROW_JSON`), so a kernel that crashes or
 hangs fails its row only; the FSDP row starts one process per GPU inside that process.
@@ -85,15 +87,19 @@ class SmokeReport:
     egl: str | None = None
     """On a GPU node: the EGL device a simulator would render on for this node's CUDA device 0, and why
     (embodyhpc/sim/egl.py), or why none can be chosen; None without a GPU."""
+    decode: dict | None = None
+    """Video decode samples/s on the CPU and the GPU (data/decode_bench.py DecodeBench.as_dict); None: not measured."""
 
     @property
     def ok(self) -> bool:
-        return all(row.status != "failed" for row in self.rows) and any(row.status == "passed" for row in self.rows)
+        decoded = self.decode is None or self.decode["status"] != "failed"
+        return decoded and all(row.status != "failed" for row in self.rows) and any(
+            row.status == "passed" for row in self.rows)
 
     def as_dict(self) -> dict:
         """smoke.json and `embodyhpc smoke --json`."""
         return {"model": self.model, "size": self.size, "device": self.device, "egl": self.egl, "ok": self.ok,
-                "rows": [row.as_dict() for row in self.rows]}
+                "rows": [row.as_dict() for row in self.rows], "decode": self.decode}
 
 
 def smoke_model(name: str, size: str, *, where: str | None = None):
@@ -215,7 +221,7 @@ def matches_recipe(path: SmokePath, recipe_cfg) -> bool:
 def run_smoke(recipe_cfg=None, *, model: str | None = None, steps: int = 20, size: str = "tiny",
               progress=lambda row: None) -> SmokeReport:
     """Every row, each in its own process (see the module doc), training `model` (default: the recipe's model.name,
-    pi05 without a recipe) at `size`."""
+    pi05 without a recipe) at `size`; then the video decode rates, in a process of their own too."""
     model = model or (recipe_cfg.model.name if recipe_cfg is not None else "pi05")
     smoke_model(model, size)  # before any row: a model or size smoke cannot run fails once, here
     rows, device = plan_rows(recipe_cfg)
@@ -227,6 +233,9 @@ def run_smoke(recipe_cfg=None, *, model: str | None = None, steps: int = 20, siz
         row.recipe = matches_recipe(path, recipe_cfg)
         report.rows.append(row)
         progress(row)
+    from embodyhpc.data.decode_bench import run_isolated
+
+    report.decode = run_isolated()
     return report
 
 
@@ -432,6 +441,9 @@ def format_report(report: SmokeReport) -> str:
     failed = [row for row in ran if row.status == "failed"]
     lines.append(f"{len(ran)} ran, {len(ran) - len(failed)} passed, {len(failed)} failed, "
                  f"{len(report.rows) - len(ran)} skipped")
+    from embodyhpc.data.decode_bench import format_lines
+
+    lines += format_lines(report.decode)
     return "\n".join(lines) + "\n"
 
 

@@ -74,6 +74,17 @@ class BatchStream:
         self.sampler.advance(self._uncommitted)
         self._uncommitted = 0
 
+    def loader_metrics(self) -> dict[str, float]:
+        """What this rank's DataLoader workers did since the last call (data/guard.py LoaderCounters), for the log
+        step's metrics: data_decode_ms_per_sample (video decode time per sample delivered) and
+        data_loader_samples_per_s (samples the workers deliver per second while busy, all workers together: with
+        samples_per_s_per_device far below it, the run is not input-bound). Nothing before a batch was delivered,
+        or for a loader without counters. This rank's own: train/log_step.over_ranks makes them the run's."""
+        counters = getattr(self.loader, "counters", None)
+        if counters is None:
+            return {}
+        return loader_rates(*counters.take(), num_workers=int(getattr(self.loader, "num_workers", 0)))
+
     def close(self) -> None:
         """End the loader's workers now (data/loader.py TrainingLoader.close); the loop calls it however it ends."""
         self._iterator = None
@@ -104,3 +115,13 @@ def agree_on_failure(failure: DataWorkerError | None, group: Any = None) -> Data
     if failure is not None and dist.get_rank() == first:
         return failure
     return DataWorkerError(str(message[0]))
+
+
+def loader_rates(samples: int, decode_s: float, busy_s: float, *, num_workers: int) -> dict[str, float]:
+    """data_decode_ms_per_sample = 1000 * decode_s / samples; data_loader_samples_per_s = samples / busy_s times the
+    workers decoding side by side (1 without workers: the training process reads the data itself)."""
+    if samples <= 0 or busy_s <= 0:
+        return {}
+    return {"data_decode_ms_per_sample": 1000.0 * decode_s / samples,
+            "data_loader_samples_per_s": max(num_workers, 1) * samples / busy_s}
+

@@ -7,6 +7,8 @@ jobs reading their run's resolved.yaml, the tests' helpers.
 
     load       load_recipe / load_unresolved / load_config_file / load_resolved: config/load.py, then validate()
     registries validate(config): the model section through its family's spec, the eval section through the suites
+    rl_checks  check_rl (called by validate): an RL recipe across its sections (a starting policy, held-out seeds,
+               the chunk against the model, the actor's batch)
     paths      check_paths: paths a job will read, at validate, render and submit (warnings for unmounted ones)
     data_checks check_recipe_data: the recipe against its dataset's metadata
 

@@ -10,15 +10,18 @@ import difflib
 from embodyhpc.config import checks
 from embodyhpc.config.schema import Config, EvalConfig
 from embodyhpc.errors import ConfigError
+from embodyhpc.validation.rl_checks import check_rl
 
 
 def validate(config: Config) -> None:
     """Raise the first one-line ConfigError (naming its key; the caller names the layer) of the model section
-    against its family's spec, then of the eval section against the suite and reference-policy registries."""
+    against its family's spec, then of the eval section against the suite and reference-policy registries, then of
+    an RL recipe across its sections (rl_checks)."""
     from embodyhpc.models.spec import check_model_config
 
     check_model_config(config.model)
     check_eval(config.eval)
+    check_rl(config)
 
 
 def check_eval(ev: EvalConfig) -> None:

@@ -35,5 +35,7 @@ def test_success_vs_step(tmp_path):
     points = [(3000, 0.6, 0.31, 0.83), (1000, 0.1, 0.02, 0.4), (2000, 0.3, 0.1, 0.6)]
     path = plot_success_vs_step(points, tmp_path / "curve.png", references={"expert": 0.98, "random": 0.0})
     assert path.read_bytes().startswith(PNG) and path.stat().st_size > 5000
-    empty = plot_success_vs_step([], tmp_path / "empty.png")  # before the first checkpoint was evaluated
-    assert empty.read_bytes().startswith(PNG)
+    # before the first checkpoint was evaluated, and a one-checkpoint evaluation: no single-dot "curve"
+    assert plot_success_vs_step([], tmp_path / "empty.png") is None
+    assert plot_success_vs_step(points[:1], tmp_path / "one.png", references={"expert": 0.98}) is None
+    assert not (tmp_path / "empty.png").exists() and not (tmp_path / "one.png").exists()

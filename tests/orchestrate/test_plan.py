@@ -45,7 +45,7 @@ def test_evaluation_of_a_checkpoint_exports_it_first(tmp_path) -> None:
 
 
 def test_every_task_name_resolves_to_a_function_and_the_package_imports_no_job_code() -> None:
-    assert set(TASKS) == {"train", "export", "eval", "report", "smoke"}
+    assert set(TASKS) == {"train", "rl", "export", "eval", "report", "smoke"}
     assert all(callable(resolve_task(name)) for name in TASKS.values())
     code = ("import sys, embodyhpc.orchestrate.api, embodyhpc.orchestrate.backend_local, "
             "embodyhpc.orchestrate.backend_slurm; print([m for m in sys.modules if m.startswith('embodyhpc.launch')])")

@@ -31,9 +31,10 @@ def _overrides(recipe: str, site: str) -> list[str]:
     tokenizer = "model.tokenizer_path=/models/paligemma/tokenizer.model"
     if recipe.startswith("groot"):
         tokenizer = "model.tokenizer_path=/models/eagle2.5/tokenizer.json"
-    cpu = ("smoke_cpu", "demo_metaworld_cpu", "demo_groot_metaworld_cpu")
+    cpu = ("smoke_cpu", "demo_metaworld_cpu", "demo_groot_metaworld_cpu", "rl_metaworld_cpu")
     out = [] if recipe in cpu else ["data.root=/data/lerobot/pick_place", tokenizer]
     out += ["model.init_weights=/models/pi05_base"] if recipe == "pi05_libero" else []
+    out += ["model.init_weights=/models/pi05_libero_sft"] if recipe.startswith("rl_") else []
     return out + ([] if site == "local" else ["site.account=robotics"])
 
 

@@ -94,6 +94,12 @@ class Browser:
     def run(self, script: str, *args: Any) -> Any:
         return self._call("POST", f"/session/{self.session}/execute/sync", {"script": script, "args": list(args)})
 
+    def screenshot(self) -> bytes:
+        """The viewport as PNG bytes (what is drawn, frames included)."""
+        import base64
+
+        return base64.b64decode(self._call("GET", f"/session/{self.session}/screenshot"))
+
     def text(self) -> str:
         return self.run("return document.body ? document.body.innerText : ''")
 

@@ -176,7 +176,8 @@ def test_local_run_signalled_on_one_rank_restarts_and_resumes_at_the_saved_step(
 
 
 def test_the_run_status_follows_how_the_attempt_ended(tmp_path):
-    """launch/observe.py (torch-free) turns the exceptions preempt.py raises into the MLflow run's status."""
+    """launch/observe.py (torch-free) turns the exceptions preempt.py raises into the MLflow run's status, and the
+    W&B run's (tracking.backends: [mlflow, wandb]) the same way."""
     from embodyhpc.launch import observe
 
     closed = []
@@ -190,11 +191,12 @@ def test_the_run_status_follows_how_the_attempt_ended(tmp_path):
     for exc, status in ((Requeued("requeued at step 7"), "RUNNING"), (Stopped("stopped at step 7"), "KILLED"),
                         (SystemExit(1), "FAILED")):
         tracking = object.__new__(observe.RunTracking)
-        tracking.sampler, tracking.sink = None, Sink()
+        tracking.sampler, tracking.sink, tracking.wandb = None, Sink(), Sink()
         tracking.config = SimpleNamespace(data=SimpleNamespace(format="synthetic", root=None))  # no dataset input
         with pytest.raises(SystemExit), tracking.attempt():
             raise exc
-        assert closed.pop() == (status, str(exc) or None)
+        assert closed == [(status, str(exc) or None)] * 2
+        closed.clear()
 
 
 def test_under_nccl_the_stop_agreement_and_hostname_gather_run_on_a_gloo_side_group_of_every_rank():

@@ -25,7 +25,7 @@ from embodyhpc.config.schema import (
     ResourcesConfig,
     TrainConfig,
 )
-from embodyhpc.train import loop
+from embodyhpc.train import log_step, loop
 from embodyhpc.train.loop import train
 from embodyhpc.train.stream import BatchStream
 
@@ -116,7 +116,7 @@ def reduced_metrics_job(rank: int, world_size: int, tokens: list[int], budgets: 
     """The loop's metric reduction with this rank's token count and packing budget."""
     import torch
 
-    return loop._reduced_metrics(torch.tensor(1.0 + rank), 0.5, 1e-3, 2.0, 0.5, tokens[rank], budgets[rank], 4,
+    return log_step.reduced_metrics(torch.tensor(1.0 + rank), 0.5, 1e-3, 2.0, 0.5, tokens[rank], budgets[rank], 4,
                                  world_size, torch.device("cpu"))
 
 

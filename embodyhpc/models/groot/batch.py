@@ -5,6 +5,10 @@ VLM tokens (images + instruction) are packed; the action side has the same token
 rows every sample gets a row of its own. `text_lengths` stays on the host (the plan reads it as Python numbers);
 the other tensors are pinned by the DataLoader's pin-memory thread (`pin_memory()`, when the loader runs for a GPU)
 and copied without blocking.
+
+uint8 images (data.image_dtype=uint8: the decoded bytes, at the camera's size) travel as they are; `to()` turns them
+into float [0, 1] on the target device after the copy: divided by 255 in float32 and resized to `image_size` the way
+GrootCollate resizes float images in the workers, so the model sees the same values either way.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ class GrootSample:
 
 @dataclass(frozen=True)
 class GrootBatch:
-    images: torch.Tensor  # [N, C, 3, H, W]
+    images: torch.Tensor  # [N, C, 3, H, W] float in [0, 1]; uint8 in [0, 255] until `to()` (see the module doc)
     text_ids: torch.Tensor  # [N, L] right-padded with 0
     text_lengths: torch.Tensor  # [N] int64 (host)
     state: torch.Tensor  # [N, max_state_dim]
@@ -39,6 +43,7 @@ class GrootBatch:
     action_is_pad: torch.Tensor | None = None  # [N, H] bool
     action_dim_mask: torch.Tensor | None = None  # [N, A] bool
     rows: list[list[int]] | None = None
+    image_size: int | None = None  # uint8 images: the side `to()` resizes them to; None = as they are
 
     @property
     def num_samples(self) -> int:
@@ -56,10 +61,14 @@ class GrootBatch:
         return replace(self, rows=rows)
 
     def to(self, device: torch.device | str) -> GrootBatch:
+        """The batch on `device` (host fields stay); uint8 images become float [0, 1] there (see the module doc)."""
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
         for name, value in moved.items():
             if isinstance(value, torch.Tensor) and name not in _HOST_FIELDS:
                 moved[name] = value.to(device, non_blocking=True)
+        if moved["images"].dtype == torch.uint8:
+            moved["images"] = float_images(moved["images"], self.image_size)
+            moved["image_size"] = None
         return GrootBatch(**moved)
 
     def pin_memory(self) -> GrootBatch:
@@ -73,7 +82,20 @@ class GrootBatch:
         picked = {f.name: getattr(self, f.name) for f in fields(self)}
         for name, value in picked.items():
             picked[name] = value[index.to(value.device)] if isinstance(value, torch.Tensor) else None
+        picked["image_size"] = self.image_size
         return GrootBatch(**picked)
+
+
+def float_images(images: torch.Tensor, size: int | None) -> torch.Tensor:
+    """uint8 [..., 3, H, W] -> float32 [..., 3, size, size] in [0, 1], on the images' device: the division a
+    dataset's float items make (data/lerobot.py), then the resize GrootCollate makes (bilinear, antialiased)."""
+    images = images.to(torch.float32).div_(255)
+    if size is None or images.shape[-2:] == (size, size):
+        return images
+    lead = images.shape[:-3]
+    flat = torch.nn.functional.interpolate(images.reshape(-1, *images.shape[-3:]), size=(size, size),
+                                           mode="bilinear", align_corners=False, antialias=True)
+    return flat.reshape(*lead, *flat.shape[1:])
 
 
 def collate(samples: list[GrootSample], *, embodiment_id: int) -> GrootBatch:

@@ -4,7 +4,8 @@ An item (embodyhpc.data.open_dataset with delta_timestamps on the action): obser
 [0, 1] (or with a leading time axis), the state at model.state_key, `action` [H, A], `action_is_pad` [H], `task`.
 
 - Cameras in sorted key order, newest frame only, resized to the vision tower's input (bilinear, antialiased) here
-  in the DataLoader workers rather than in the training step.
+  in the DataLoader workers rather than in the training step; uint8 images (data.image_dtype=uint8) stay uint8 at
+  the camera's size, and the batch's `to()` converts and resizes them on the training device (batch.py).
 - The instruction is tokenised and cut to what model.max_token_len leaves after the image tokens.
 - The state (normalised by model.state_norm) is zero-padded to the model's max_state_dim (64) and read by the
   per-embodiment state encoder; a longer state is refused with the key that names it.
@@ -64,12 +65,14 @@ def state_vector(value: Any, normalizer: Any, max_state_dim: int, key: str) -> t
 def to_groot_sample(item: Mapping[str, Any], model_cfg: Any, tokenizer: Any, normalizer: Any,
                     text_budget: int | None = None) -> GrootSample:
     shape = shape_for(model_cfg.size)
-    cameras = sorted(key for key in item if key.startswith(IMAGE_PREFIX))
+    # not `<camera>_is_pad`: the pad mask delta_timestamps on a camera adds (history frames)
+    cameras = sorted(key for key in item if key.startswith(IMAGE_PREFIX) and not key.endswith("_is_pad"))
     if not cameras:
         raise ValueError(f"the item has no {IMAGE_PREFIX}* keys (keys: {', '.join(sorted(item))}): GR00T needs at "
                          "least one camera")
     images = torch.stack([newest(torch.as_tensor(item[key]), 3) for key in cameras])
-    images = resize_images(images, shape.vision.image_size)
+    if images.dtype != torch.uint8:  # uint8: converted and resized in GrootBatch.to(), on the training device
+        images = resize_images(images, shape.vision.image_size)
     key = model_cfg.state_key
     if key not in item:
         raise ConfigError(f"the dataset has no {key!r} (keys: {', '.join(sorted(item))})", key="model.state_key",
@@ -109,6 +112,8 @@ class GrootCollate:
     def __call__(self, items: Sequence[Mapping[str, Any]]) -> GrootBatch:
         samples = [to_groot_sample(item, self.model_cfg, self.tokenizer, self.normalizer) for item in items]
         batch = collate(samples, embodiment_id=self.embodiment_id)
+        if batch.images.dtype == torch.uint8:
+            batch = replace(batch, image_size=shape_for(self.model_cfg.size).vision.image_size)
         if self.model_cfg.packing:
             lengths = batch.token_counts(self.num_patches)
             batch = replace(batch, rows=first_fit_decreasing(lengths, self.model_cfg.max_token_len))

@@ -33,17 +33,14 @@ class GrootRunner(RecedingHorizonRunner):
         self._tokenizer = build_tokenizer(config.model)
         self._embodiment_id = options_of(config.model).embodiment_id
 
-    def predict_chunks(self, observations: Sequence[Obs], envs: Sequence[int]) -> list[np.ndarray]:
-        """[horizon, num_action_dims] float32 actions per observation, in one batch; env envs[i]'s generator
-        draws observations[i]'s noise."""
+    def observation_batch(self, observations: Sequence[Obs]) -> Any:
+        """GR00T's batch (host, no actions) of these observations, as training fed them."""
         from embodyhpc.models.groot.batch import collate
         from embodyhpc.models.groot.batching import to_groot_sample
 
-        self._check_reset(envs)
         samples = [to_groot_sample(self._item(obs), self.config.model, self._tokenizer, self.normalizer)
                    for obs in observations]
-        batch = collate(samples, embodiment_id=self._embodiment_id)
-        return self.sample_chunks(batch, envs)
+        return collate(samples, embodiment_id=self._embodiment_id)
 
     def _item(self, obs: Obs) -> dict[str, Any]:
         """A suite observation (HWC uint8 cameras) as a dataset item (CHW float in [0, 1])."""

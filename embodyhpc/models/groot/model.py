@@ -16,6 +16,8 @@ backend seam (models/attention.py), planned once per pass here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -57,6 +59,10 @@ class GrootPolicy(nn.Module):
         self.init_weights()
 
     # ---- declared for parallel/ ----
+    def fsdp_forward_methods(self) -> list[str]:
+        """Methods besides forward that parallel/ registers with FSDP (they gather the sharded parameters)."""
+        return ["sample_actions", "flow_velocities"]
+
     def fsdp_units(self) -> list[nn.Module]:
         """Sharded one by one, then the root: every vision, LLM, VL-adapter and DiT block, the token embedding
         (0.3B at full size) and the action encoder (0.23B: three per-embodiment weights)."""
@@ -128,6 +134,31 @@ class GrootPolicy(nn.Module):
             velocity = self.action_head.velocity(context, state, x, self.timestep_bucket(time), batch.embodiment, ctx)
             x = x + velocity / num_steps
         return x
+
+    # ---- RL (embodyhpc/rl/flow_sde.py): velocities in rl's convention, with gradients, VLM encoded once ----
+    def flow_velocity_fn(self, batch: GrootBatch) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """v(x [N, H, A], t [N]) -> [N, H, A] in rl's convention (t = 1 noise, t = 0 the action, v = dx/dt): this
+        model's time is 1 - t and its velocity -v. The VLM and the VL adapter run once, here, and every call reuses
+        them. Pass t as float64: 1 - t is taken in float64 before the float32 bucketing, so t = 1 - k/K lands in the
+        bucket sample_actions' k/K does. Gradients flow unless the caller disables them (the frozen VLM never)."""
+        plan = self.plan(batch)
+        context, ctx = self.encode(batch, plan)
+        state = self.padded_state(batch)
+
+        def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            groot_time = (1.0 - t.double()).float()
+            return -self.action_head.velocity(context, state, x.float(), self.timestep_bucket(groot_time),
+                                              batch.embodiment, ctx)
+
+        return velocity
+
+    def flow_velocities(self, batch: GrootBatch, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """[N, K, H, A]: flow_velocity_fn(batch)(x[:, k], t[k]) for the K denoising inputs x [N, K, H, A] at times
+        t [K] (rl's convention), in one call (what the RL actor differentiates; an FSDP forward method)."""
+        if x.ndim != 4 or t.shape != x.shape[1:2]:
+            raise ValueError(f"flow_velocities needs x [N, K, H, A] and t [K], got {tuple(x.shape)}, {tuple(t.shape)}")
+        velocity = self.flow_velocity_fn(batch)
+        return torch.stack([velocity(x[:, k], t[k].expand(x.shape[0])) for k in range(x.shape[1])], dim=1)
 
     # ---- pieces ----
     def plan(self, batch: GrootBatch) -> GrootPlan:

@@ -8,6 +8,11 @@ a row of its own (a padded batch).
 Tensors that only describe lengths (prompt_lengths, image_mask) stay on the host when the batch moves to a GPU:
 the plan reads them as Python numbers, and keeping them there avoids a device sync per step. The others are pinned
 by the DataLoader's pin-memory thread (`pin_memory()`, when the loader runs for a GPU) and copied without blocking.
+
+uint8 images (data.image_dtype=uint8: the decoded bytes, at the camera's size) travel as they are, 4x fewer bytes to
+pin and copy; `to()` turns them into the float [0, 1] images the model reads on the target device, after the copy:
+divided by 255 in float32 and resized to `image_size` (the vision tower's input) the way Pi05Collate resizes float
+images in the workers, so both give the model the same values (tests/train/test_uint8_step.py).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ _HOST_FIELDS = ("prompt_lengths", "image_mask")
 class Pi05Sample:
     """One training or inference example as a dataset yields it."""
 
-    images: torch.Tensor  # [C, 3, H, W] float in [0, 1], one image per camera
+    images: torch.Tensor  # [C, 3, H, W] float in [0, 1] (or uint8 in [0, 255]), one image per camera
     instruction: str
     state: torch.Tensor  # [S] normalised to [-1, 1] (discretised into the prompt)
     actions: torch.Tensor | None = None  # [H, A] normalised action chunk; None at inference
@@ -37,7 +42,7 @@ class Pi05Sample:
 
 @dataclass(frozen=True)
 class Pi05Batch:
-    images: torch.Tensor  # [N, C, 3, H, W] float in [0, 1]
+    images: torch.Tensor  # [N, C, 3, H, W] float in [0, 1]; uint8 in [0, 255] until `to()` (see the module doc)
     prompt_ids: torch.Tensor  # [N, L] int64: "Task: ..., State: ...;\nAction: " tokens, right-padded
     prompt_lengths: torch.Tensor  # [N] int64 (host)
     actions: torch.Tensor | None = None  # [N, H, A]; None at inference
@@ -46,6 +51,7 @@ class Pi05Batch:
     action_dim_mask: torch.Tensor | None = None  # [N, A] bool: True on the robot's real action dims
     state: torch.Tensor | None = None  # [N, S] raw state (the model reads it from the prompt); for logging
     rows: list[list[int]] | None = None  # packing: sample indices per row; None = one sample per row
+    image_size: int | None = None  # uint8 images: the side `to()` resizes them to; None = as they are
 
     @property
     def num_samples(self) -> int:
@@ -72,12 +78,16 @@ class Pi05Batch:
         return replace(self, rows=rows)
 
     def to(self, device: torch.device | str) -> Pi05Batch:
+        """The batch on `device` (host fields stay); uint8 images become float [0, 1] there (see the module doc)."""
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, torch.Tensor) and f.name not in _HOST_FIELDS:
                 value = value.to(device, non_blocking=True)
             moved[f.name] = value
+        if moved["images"].dtype == torch.uint8:
+            moved["images"] = float_images(moved["images"], self.image_size)
+            moved["image_size"] = None
         return Pi05Batch(**moved)
 
     def pin_memory(self) -> Pi05Batch:
@@ -92,7 +102,20 @@ class Pi05Batch:
         for f in fields(self):
             value = getattr(self, f.name)
             picked[f.name] = value[index.to(value.device)] if isinstance(value, torch.Tensor) else None
+        picked["image_size"] = self.image_size
         return Pi05Batch(**picked)
+
+
+def float_images(images: torch.Tensor, size: int | None) -> torch.Tensor:
+    """uint8 [N, C, 3, H, W] -> float32 [N, C, 3, size, size] in [0, 1], on the images' device: the division a
+    dataset's float items make (data/lerobot.py), then the resize Pi05Collate makes (bilinear, antialiased)."""
+    images = images.to(torch.float32).div_(255)
+    if size is None or images.shape[-2:] == (size, size):
+        return images
+    n, c = images.shape[:2]
+    flat = torch.nn.functional.interpolate(images.flatten(0, 1), size=(size, size), mode="bilinear",
+                                           align_corners=False, antialias=True)
+    return flat.unflatten(0, (n, c))
 
 
 def collate(samples: list[Pi05Sample], tokenizer: Tokenizer, *, max_prompt_tokens: int, num_state_bins: int = 256,

@@ -9,6 +9,9 @@ An item is what `embodyhpc.data.open_dataset(root, delta_timestamps={"action": [
     task                         str: the language instruction
 
 Choices made here, and why:
+- uint8 images (data.image_dtype=uint8) stay uint8 at the camera's size through the workers: the batch carries the
+  tower's input size and its `to()` converts and resizes on the training device (batch.py float_images), with the
+  same operations as the float path below, so the model sees the same values either way.
 - Cameras are stacked in sorted key order, so every sample of a dataset lists them alike and the model's camera
   slots keep a fixed meaning.
 - Pi05Collate resizes images to the vision tower's input size, in float32, with the tower's own method (bilinear,
@@ -63,7 +66,8 @@ _warned_trim = False
 
 def camera_keys(item: Mapping[str, Any]) -> list[str]:
     """The item's camera keys in the fixed (sorted) order they are stacked in."""
-    return sorted(key for key in item if key.startswith(IMAGE_PREFIX))
+    # not `<camera>_is_pad`: the pad mask delta_timestamps on a camera adds (history frames)
+    return sorted(key for key in item if key.startswith(IMAGE_PREFIX) and not key.endswith("_is_pad"))
 
 
 def to_pi05_sample(item: Mapping[str, Any], model_cfg: ModelConfig, normalizer: Any = None) -> Pi05Sample:
@@ -92,7 +96,8 @@ def to_pi05_sample(item: Mapping[str, Any], model_cfg: ModelConfig, normalizer: 
             fix=f"set data.delta_timestamps.action to {horizon} offsets, e.g. [i / fps for i in range({horizon})]")
     actions, num_dims = _fit_action_dims(actions, model_cfg.action_dim)
     is_pad = item.get(ACTION_PAD_KEY)
-    return Pi05Sample(images=images.float(), instruction=str(item.get(TASK_KEY, "")), state=state, actions=actions,
+    images = images if images.dtype == torch.uint8 else images.float()  # uint8: converted in Pi05Batch.to()
+    return Pi05Sample(images=images, instruction=str(item.get(TASK_KEY, "")), state=state, actions=actions,
                       action_is_pad=None if is_pad is None else torch.as_tensor(is_pad).bool(),
                       num_action_dims=num_dims)
 
@@ -146,6 +151,8 @@ class Pi05Collate:
             lengths = batch.token_counts(shape_for(self.model_cfg.size).vision.num_patches,
                                          self.model_cfg.action_horizon)
             batch = batch.with_rows(first_fit_decreasing(lengths, self.model_cfg.max_token_len))
+        if batch.images.dtype == torch.uint8:  # resized on the training device, after the copy (Pi05Batch.to)
+            return replace(batch, image_size=self._image_size)
         return replace(batch, images=resize_images(batch.images, self._image_size))
 
 

@@ -41,21 +41,18 @@ class Pi05Runner(RecedingHorizonRunner):
         self._image_size = shape_for(config.model.size).vision.image_size
         self._budget_for = lambda cameras: max_prompt_tokens(config.model, cameras)
 
-    def predict_chunks(self, observations: Sequence[Obs], envs: Sequence[int]) -> list[np.ndarray]:
-        """[horizon, num_action_dims] float32 actions per observation, in one batch; env envs[i]'s generator
-        draws observations[i]'s noise."""
+    def observation_batch(self, observations: Sequence[Obs]) -> Any:
+        """pi0.5's batch (host, no actions) of these observations, as training fed them."""
         from embodyhpc.models.pi05.batch import collate
         from embodyhpc.models.pi05.batching import resize_images
 
-        self._check_reset(envs)
         samples = [self._sample(obs) for obs in observations]
         num_cameras = samples[0].images.shape[0]
         if any(sample.images.shape != samples[0].images.shape for sample in samples):
             raise ValueError("a batch of observations needs the same cameras at the same size in each")
         batch = collate(samples, self._tokenizer, max_prompt_tokens=self._budget_for(num_cameras),
                         include_state=self.config.model.state_input == "prompt")
-        batch = dataclasses.replace(batch, images=resize_images(batch.images, self._image_size))
-        return self.sample_chunks(batch, envs)
+        return dataclasses.replace(batch, images=resize_images(batch.images, self._image_size))
 
     def _sample(self, obs: Obs) -> Any:
         import torch

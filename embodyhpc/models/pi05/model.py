@@ -13,6 +13,7 @@ never attends to actions, so its keys and values are computed once and cached fo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -76,6 +77,10 @@ class Pi05Policy(nn.Module):
         self.init_weights()
 
     # ---- declared for parallel/: no distributed code here ----
+    def fsdp_forward_methods(self) -> list[str]:
+        """Methods besides forward that parallel/ registers with FSDP (they gather the sharded parameters)."""
+        return ["sample_actions", "flow_velocities"]
+
     def fsdp_units(self) -> list[nn.Module]:
         """Modules parallel/ shards one by one (then the root): the token embedding (0.5B parameters at full
         size), every vision block, and every joint layer (the VLM and expert blocks of one depth are one unit
@@ -163,6 +168,29 @@ class Pi05Policy(nn.Module):
                 velocity = self.velocity_from_cache(cache, x, time, plan, state=state)
             x = x + dt * velocity
         return x
+
+    # ---- RL (embodyhpc/rl/flow_sde.py): velocities with gradients, prefix encoded once ----
+    def flow_velocity_fn(self, batch: Pi05Batch) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """v(x [N, H, A], t [N]) -> [N, H, A] (t = 1 noise, v = dx/dt: this model's own convention); the prefix is
+        encoded once, here, and reused by every call. Gradients flow unless the caller disables them; a sharded
+        model runs it only inside a registered FSDP method (flow_velocities is one)."""
+        plan = self.token_plan(batch)
+        cache = self.prefix_cache(batch, plan)
+        state = self.state_embedding(batch)
+
+        def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            # float32 times, as sample_actions passes them (the time embedding reads their float32 value)
+            return self.velocity_from_cache(cache, x.float(), t.float(), plan, state=state)
+
+        return velocity
+
+    def flow_velocities(self, batch: Pi05Batch, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """[N, K, H, A]: flow_velocity_fn(batch)(x[:, k], t[k]) for the K denoising inputs x [N, K, H, A] at times
+        t [K], in one call (what the RL actor differentiates; an FSDP forward method)."""
+        if x.ndim != 4 or t.shape != x.shape[1:2]:
+            raise ValueError(f"flow_velocities needs x [N, K, H, A] and t [K], got {tuple(x.shape)}, {tuple(t.shape)}")
+        velocity = self.flow_velocity_fn(batch)
+        return torch.stack([velocity(x[:, k], t[k].expand(x.shape[0])) for k in range(x.shape[1])], dim=1)
 
     def prefix_cache(self, batch: Pi05Batch, plan: TokenPlan) -> list[KeyValue]:
         """Keys and values of the prefix in every layer (rotary applied)."""

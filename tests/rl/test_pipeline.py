@@ -1,0 +1,208 @@
+"""The actor's side of the pipeline on gloo, without a policy model: episodes assembled from streamed pieces (a
+re-run episode replaces its dead attempt), staleness admission end to end (a sample older than rl.max_staleness
+never reaches a loss), weights equal on every rollout worker after a sync (only the trainable ones sent), and a
+silent rollout worker ending the actor within its bound."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from embodyhpc.rl.actor import Actor
+from embodyhpc.rl.assembly import Assembler, Window
+from embodyhpc.rl.codec import Codec, episode_end_message, sample_message
+from embodyhpc.rl.endpoints import free_port
+from embodyhpc.rl.rollout import RolloutSettings, RolloutWorker
+from embodyhpc.rl.samples import ChunkSample, EpisodeEnd, StalenessGate, VersionCounter
+from embodyhpc.rl.transport import PeerTimeout, Puller
+from embodyhpc.rl.weight_sync import WeightReceiver, WeightSender, standalone_group, trainable_state
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """A one-rank gloo world (the actor's own world with actor_ranks=1)."""
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def sample(episode: int, chunk: int, version: int, group: int | None = None) -> ChunkSample:
+    return ChunkSample(env_id=0, episode_id=episode, group_id=episode // 2 if group is None else group,
+                       chunk_index=chunk, observation={"observation.state": np.zeros(2, np.float32), "task": "t"},
+                       trajectory=np.zeros((3, 2, 1), np.float32), log_prob=np.zeros((2, 2, 1), np.float32),
+                       version=version)
+
+
+def end(episode: int, success: bool, version: int = 0) -> EpisodeEnd:
+    return EpisodeEnd(env_id=0, episode_id=episode, group_id=episode // 2, success=success, episode_return=1.0,
+                      length=3, version=version)
+
+
+def test_a_rerun_episode_replaces_the_pieces_of_its_dead_attempt():
+    asm = Assembler(group_size=2)
+    for message in [sample_message(sample(0, 0, 0)), sample_message(sample(0, 1, 0)),  # attempt 1 dies here
+                    sample_message(sample(0, 0, 0)), episode_end_message(end(0, True)),  # re-run: 1 chunk
+                    sample_message(sample(1, 0, 0)), episode_end_message(end(1, False)),
+                    episode_end_message(end(1, False))]:  # a duplicate end is ignored
+        asm.take(message)
+    (group,) = asm.complete_groups()
+    assert [sorted(e.samples) for e in group] == [[0], [0]] and asm.restarted == 1
+    assert not asm.complete_groups()
+
+
+class FakePuller:
+    def __init__(self, messages):
+        self.messages = list(messages)
+
+    def pull_many(self, n, timeout_s=None):
+        if not self.messages:
+            raise PeerTimeout("rollout workers", 0.0)
+        out, self.messages = self.messages[:n], self.messages[n:]
+        return out
+
+
+def bare_actor(*, version: int, max_staleness: int, asynchronous: bool, batch: int) -> Actor:
+    """An Actor with its admission and step logic and a one-parameter model (no policy to build)."""
+    actor = Actor.__new__(Actor)
+    rl = SimpleNamespace(async_=asynchronous, algorithm="grpo", max_staleness=max_staleness, micro_batch_size=2,
+                         episodes_per_iteration=4, group_size=2, peer_timeout_s=0.5)
+    actor.config = SimpleNamespace(rl=rl, train=SimpleNamespace(global_batch_size=batch, grad_clip=1.0))
+    actor.rl, actor.rank, actor.world, actor.group, actor.critic = rl, 0, 1, None, None
+    actor.version, actor.gate = VersionCounter(version), StalenessGate(max_staleness)
+    actor.model = torch.nn.Linear(1, 1)
+    actor.optimizer = torch.optim.SGD(actor.model.parameters(), lr=0.1)
+    actor.reached_loss, actor.micro_batches, actor.steps = [], [], 0
+    step = actor._step
+
+    def counted_step(window, consumed):
+        actor.steps += 1
+        step(window, consumed)
+
+    def micro_batch(items, weight):  # records what reaches the loss
+        actor.micro_batches.append(len(items))
+        actor.reached_loss.extend((s.version, s.episode_id, a) for s, a in items if weight > 0)
+        (actor.model.weight.sum() * 0.0).backward()
+        return {"loss/policy": 0.0}
+
+    actor._micro_batch, actor._step = micro_batch, counted_step
+    return actor
+
+
+def stream(versions: dict[int, int], successes: dict[int, bool]):
+    """Two chunks per episode, each group of two episodes ending with one success and one failure."""
+    for episode, version in versions.items():
+        yield sample_message(sample(episode, 0, version))
+        yield sample_message(sample(episode, 1, version))
+        yield episode_end_message(end(episode, successes[episode], version))
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_no_sample_older_than_max_staleness_reaches_a_loss():
+    actor = bare_actor(version=3, max_staleness=1, asynchronous=True, batch=4)
+    versions = {0: 1, 1: 1, 2: 2, 3: 3, 4: 3, 5: 2}  # episodes 0, 1 (version 1) are 2 versions behind
+    puller = FakePuller(stream(versions, {e: e % 2 == 0 for e in versions}))
+    window, ready = Window(), []
+    assert actor.next_step(puller, Assembler(2), ready, window) is None
+    # level 3: a micro-batch (2 samples) trained as soon as admitted, the step once 4 are in; group 2's admitted
+    # samples wait for the next step
+    assert actor.micro_batches == [2, 2] and window.samples == 4 and actor.steps == 1
+    assert sorted(s.episode_id for s, _ in ready) == [4, 4, 5, 5]
+    assert all(3 - v <= 1 for v, _, _ in actor.reached_loss)
+    assert {e for _, e, _ in actor.reached_loss} == {2, 3}
+    # GRPO: one success and one failure in a group of two: advantages +1 and -1 (population std)
+    assert sorted({round(a, 4) for _, _, a in actor.reached_loss}) == [-1.0, 1.0]
+    metrics = actor.gate.metrics()  # 3 groups = 12 samples reached the gate: lags 2, 2, 2, 2 | 1, 1, 0, 0 | 0, 0, 1, 1
+    assert metrics["rl/rejected_stale"] == 4 and metrics["rl/rejected_stale_fraction"] == pytest.approx(4 / 12)
+    assert metrics["rl/staleness_max"] == 2 and metrics["rl/staleness_mean"] == pytest.approx(12 / 12)
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_sync_steps_once_over_the_whole_round():
+    actor = bare_actor(version=0, max_staleness=0, asynchronous=False, batch=4)
+    versions, window = {e: 0 for e in range(4)}, Window()
+    actor.next_step(FakePuller(stream(versions, {0: True, 1: False, 2: False, 3: False})), Assembler(2), [], window)
+    # the round's 4 episodes x 2 chunks in one optimizer step, less the group whose rewards are equal (advantage 0:
+    # no gradient, and counted in the mean it would only shrink the step)
+    assert actor.micro_batches == [2, 2] and actor.steps == 1 and window.zero_advantage == 4
+    assert sorted(a for _, _, a in actor.reached_loss) == pytest.approx([-1, -1, 1, 1], abs=1e-5)
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_silent_rollout_worker_ends_the_actor_within_its_bound():
+    actor = bare_actor(version=0, max_staleness=1, asynchronous=True, batch=4)
+    puller = Puller(Codec(b"k" * 32, sender="actor-0"), hwm=4, timeout_s=0.5)
+    raised: list[BaseException] = []
+
+    def collect():
+        try:
+            actor._collect(puller, Assembler(2), [], Window())
+        except BaseException as exc:  # noqa: BLE001 - what the actor role ends with
+            raised.append(exc)
+
+    thread = threading.Thread(target=collect, daemon=True)  # a hang fails the test, it does not hang it
+    thread.start()
+    thread.join(5.0)
+    assert not thread.is_alive(), "the actor still waits for a rollout worker that never sends"
+    assert len(raised) == 1 and isinstance(raised[0], PeerTimeout)
+    assert "rollout workers sent nothing for 0.5 s" in str(raised[0])
+    puller.close()
+
+
+def models(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    model[0].weight.requires_grad_(False)  # a frozen part: never sent
+    return model
+
+
+def test_weights_equal_on_every_rollout_worker_after_a_sync_and_only_trainable_ones_are_sent():
+    port, received = free_port(), {}
+    actor, rollouts = models(0), [models(1), models(2)]
+    frozen_before = [m[0].weight.clone() for m in rollouts]
+
+    def receive(rank):  # a rollout worker as pipeline._rollout sets it up, then its sync wait (rollout.py)
+        group = standalone_group("127.0.0.1", port, rank, 3, 20.0)
+        receiver = WeightReceiver(rollouts[rank - 1], group, 0, timeout_s=20.0).start()
+        worker = RolloutWorker(rollouts[rank - 1], None, None, None, receiver, settings)
+        received[rank] = worker._wait_newer(heartbeat=lambda: None)
+
+    settings = RolloutSettings(rank=0, slots=(), plan=None, sync=True, iterations=10, denoise_steps=1,
+                               noise_level=0.5, peer_timeout_s=20.0, seed=0)
+    threads = [threading.Thread(target=receive, args=(r,)) for r in (1, 2)]
+    for t in threads:
+        t.start()
+    sender = WeightSender(standalone_group("127.0.0.1", port, 0, 3, 20.0), 0, timeout_s=20.0)
+    trainable = trainable_state(actor)
+    sender.send(trainable, version=7)
+    for t in threads:
+        t.join(20.0)
+    sender.close()
+    assert received == {1: 7, 2: 7}
+    assert sender.bytes_sent == 4 * sum(p.numel() for p in trainable.values())
+    assert set(trainable) == {"0.bias", "1.weight", "1.bias"}
+    for model, frozen in zip(rollouts, frozen_before, strict=True):
+        for name, p in model.named_parameters():
+            if name in trainable:
+                assert torch.equal(p, dict(actor.named_parameters())[name])
+        assert torch.equal(model[0].weight, frozen)  # not resent, not touched
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_stop_signal_ends_the_wait_for_samples():
+    """Preemption while rank 0 waits for samples (a slow round can outlast the signal's warning): _collect returns
+    the signal's name at once, and the actor saves the version it has."""
+    import signal
+
+    from embodyhpc.train.preempt import StopSignal
+
+    actor = bare_actor(version=2, max_staleness=1, asynchronous=True, batch=4)
+    actor.rl.peer_timeout_s = 2.0  # without the stop check it would end in PeerTimeout after 2 s
+    stop = StopSignal()
+    stop.request(signal.SIGUSR2)
+    assert actor._collect(FakePuller([]), Assembler(2), [], Window(), stop) == "SIGUSR2"
