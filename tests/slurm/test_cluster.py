@@ -60,7 +60,8 @@ def test_two_node_chain_train_eval_array_report(cli, slurm_cluster, runs_root):
     assert child["metrics"]["eval/expert/success_rate"] == report["results"]["policies"]["expert"]["overall"][
         "success_rate"]
     artifacts = {a.path for a in client(mlflow_uri).list_artifacts(report["mlflow_child_run_id"], "plots")}
-    assert artifacts == {"plots/task_success.png", "plots/success_vs_step.png"}
+    # one evaluated step: no single-dot success-vs-step plot; the training's loss curve (its metrics.jsonl) instead
+    assert artifacts == {"plots/task_success.png", "plots/loss.png"}
     jobs = wait_for(lambda: (s := statuses(cli, run_dir)) and all(
         j["state"] == "COMPLETED" for j in s.values()) and s, 60, "sacct to show COMPLETED")
     assert jobs["eval"]["array_counts"] == {"COMPLETED": 4}

@@ -226,8 +226,8 @@ def te_chain_job(rank: int, world_size: int, run_dir: str, steps: int) -> dict[s
     loaded: dict[str, bytes] = {}
     load = checkpointer.Checkpointer.load
 
-    def recording_load(self, step, model, optimizer):
-        result = load(self, step, model, optimizer)
+    def recording_load(self, step, model, optimizer, **options):  # options: the loop's (ema=...)
+        result = load(self, step, model, optimizer, **options)
         loaded.update(te_layers_extra_state(model))
         return result
 
