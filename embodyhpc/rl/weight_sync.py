@@ -206,7 +206,11 @@ class WeightReceiver:
     def _loop(self) -> None:
         try:
             while True:
-                self._swapped.wait()  # staging is free only once the last version is in the model
+                # staging is free only once the last version is in the model: a rollout loop that takes no
+                # version for timeout_s is stuck (it swaps at every chunk boundary), and the worker ends saying so
+                if not self._swapped.wait(timeout=self.timeout_s):
+                    raise RunFailure(f"this rollout worker did not swap in version {self._staged} for "
+                                     f"{self.timeout_s:.0f} s (it swaps at every chunk boundary): its loop is stuck")
                 version = self.receive_one()
                 with self._ready:
                     if version == GOODBYE:

@@ -226,3 +226,19 @@ def test_a_silent_or_dead_sender_ends_the_receiver_within_its_bound(mode) -> Non
     else:
         assert got["error"] in ("RunFailure", "PeerTimeout") and "actor rank 0" in got["message"], got
     assert got["after_s"] < 15  # well inside wait_ready's 20 s: the receiver's own bound ended it
+
+
+def test_a_rollout_loop_that_never_swaps_ends_the_receiver_within_its_bound() -> None:
+    """The receiving thread waits for the staged version to be swapped in before it takes the next: bounded by
+    timeout_s, then swap_if_ready raises why (a stuck rollout loop never holds the job forever)."""
+    actor, rollout, q = Policy(seed=0), Policy(seed=1), queue.Queue()
+    receiver = WeightReceiver(rollout, _Group([q], False), 0, timeout_s=0.3).start()
+    sender = WeightSender(_Group([q], True), 0)
+    sender.send(trainable_state(actor), version=1)
+    assert receiver.wait_ready(timeout_s=10)
+    sender.send(trainable_state(actor), version=2)  # version 1 never swapped in
+    deadline = time.monotonic() + 10
+    while receiver._error is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(RunFailure, match="did not swap in version 1 for 0 s"):
+        receiver.swap_if_ready()
