@@ -15,7 +15,10 @@ envs of its worker: replies are taken in whatever order they come. rl.straggler_
 that long per environment step (the benchmark's straggler).
 
 A dead env worker: its supervisor (the env role's process) restarts it, at most MAX_RESTARTS times, then fails
-the job naming the worker and its exit code. Episodes in flight when it died are re-run from their initial state
+the job naming the worker and its exit code. A hung one (stopped, or stuck in its simulator) is one whose heartbeat
+(a shared timestamp the worker stamps at every step of its loop and at every message from its rollout worker,
+heartbeats included) is older than rl.peer_timeout_s + HANG_GRACE_S: every wait of a live worker is bounded by
+rl.peer_timeout_s, so nothing else makes it that old. Its supervisor kills it and restarts it like a dead one. Episodes in flight when it died are re-run from their initial state
 by the restarted worker (the slots' current episodes are kept in shared memory): their groups stay whole, and the
 actor drops the dead attempt's pieces when the same episode starts again (chunk 0).
 """
@@ -38,6 +41,9 @@ from embodyhpc.rl.transport import PeerTimeout, Requester
 
 MAX_RESTARTS = 3
 NOT_STARTED = -1
+HANG_GRACE_S = 30.0  # beyond rl.peer_timeout_s: an env reset or a chunk of steps never takes that long
+WATCH_S = 0.5  # how often the supervisor looks at its worker
+KILL_WAIT_S = 10.0  # a killed worker is gone within this (SIGKILL also ends a stopped process)
 
 
 @dataclass(frozen=True)
@@ -114,13 +120,19 @@ class _Slot:
 
 
 def run_env_worker(job: EnvJob, worker_rank: int, attempt: int = 0, progress: Any = None,
-                   make_suite: Callable[..., Any] | None = None) -> int:
+                   make_suite: Callable[..., Any] | None = None, alive: Any = None) -> int:
     """Step this worker's envs until the rollout worker says stop; returns the episodes finished. `progress`: a
-    shared array of each slot's current episode (the supervisor's, for a restart), or None."""
+    shared array of each slot's current episode (the supervisor's, for a restart), or None. `alive`: a shared
+    double the worker stamps with time.monotonic() as it goes (its heartbeat for the supervisor), or None."""
     if make_suite is None:
         make_suite = suite_maker(job.suite)
+
+    def beat() -> None:
+        if alive is not None:
+            alive.value = time.monotonic()
+
     codec = Codec(job.key, sender=f"env-{worker_rank}.{attempt}")
-    req = Requester(job.rollout_address, codec, peer=job.rollout_name, timeout_s=job.timeout_s)
+    req = Requester(job.rollout_address, codec, peer=job.rollout_name, timeout_s=job.timeout_s, on_receive=beat)
     slots = [_Slot(worker_rank * job.envs_per_worker + j) for j in range(job.envs_per_worker)]
     by_id = {s.slot: s for s in slots}
     delay = job.straggler_delay_s if worker_rank == 0 else 0.0
@@ -134,6 +146,7 @@ def run_env_worker(job: EnvJob, worker_rank: int, attempt: int = 0, progress: An
             req.send(Message("hello", {"env_id": s.slot, "worker": worker_rank, "resume": s.resume}))
         live = len(slots)
         while live:
+            beat()
             reply = req.recv()
             if reply.kind == "stop":
                 break
@@ -235,10 +248,10 @@ def _execute(job: EnvJob, s: _Slot, actions: np.ndarray, delay: float) -> bool:
 PEER_GONE_EXIT = 75  # the child's exit code when its rollout worker went silent: no restart helps then
 
 
-def _child(job: EnvJob, worker_rank: int, attempt: int, progress: Any) -> None:
+def _child(job: EnvJob, worker_rank: int, attempt: int, progress: Any, alive: Any) -> None:
     os.environ.setdefault("MUJOCO_GL", "egl")
     try:
-        run_env_worker(job, worker_rank, attempt, progress)
+        run_env_worker(job, worker_rank, attempt, progress, alive=alive)
     except PeerTimeout as exc:
         print(f"env worker {worker_rank}: {exc}", flush=True)
         raise SystemExit(PEER_GONE_EXIT) from None
@@ -249,31 +262,53 @@ class EnvWorkerFailed(RunFailure):
 
 
 def supervise_env_role(job: EnvJob, worker_rank: int, *, max_restarts: int = MAX_RESTARTS,
-                       on_start: Callable[[Any], None] | None = None) -> int:
-    """The env role's process: run the worker in a spawned child; restart it when it dies (its episodes in
-    flight re-run), at most `max_restarts` times, then fail naming it. Returns the restarts it took.
-    `on_start(process)`: called with each child once started (tests kill one)."""
+                       on_start: Callable[[Any], None] | None = None, hang_after_s: float | None = None) -> int:
+    """The env role's process: run the worker in a spawned child; restart it when it dies or hangs (no heartbeat
+    for `hang_after_s`, default rl.peer_timeout_s + HANG_GRACE_S; its episodes in flight re-run), at most
+    `max_restarts` times, then fail naming it. Returns the restarts it took. `on_start(process)`: called with each
+    child once started (tests kill or stop one)."""
     ctx = multiprocessing.get_context("spawn")
     progress = ctx.Array("q", [NOT_STARTED] * job.envs_per_worker, lock=False)
+    alive = ctx.Value("d", time.monotonic(), lock=False)
+    bound = job.timeout_s + HANG_GRACE_S if hang_after_s is None else hang_after_s
     restarts = 0
     while True:
-        proc = ctx.Process(target=_child, args=(job, worker_rank, restarts, progress),
+        alive.value = time.monotonic()  # a fresh worker's bound starts now (spawning and imports included)
+        proc = ctx.Process(target=_child, args=(job, worker_rank, restarts, progress, alive),
                            name=f"env-worker-{worker_rank}", daemon=True)
         proc.start()
         if on_start is not None:
             on_start(proc)
-        proc.join()
+        hung = watch_child(proc, alive, bound)
         if proc.exitcode == 0:
             return restarts
         if proc.exitcode == PEER_GONE_EXIT:
             raise EnvWorkerFailed(f"env worker {worker_rank}: its rollout worker ({job.rollout_name}) went silent "
                                   f"for {job.timeout_s:.0f} s (rl.peer_timeout_s)")
+        why = f"hung (no heartbeat for {bound:.0f} s)" if hung else f"died (exit code {proc.exitcode})"
         if restarts >= max_restarts:
-            raise EnvWorkerFailed(f"env worker {worker_rank} died {restarts + 1} times (last exit code "
-                                  f"{proc.exitcode}); its supervisor restarts it at most {max_restarts} times")
+            raise EnvWorkerFailed(f"env worker {worker_rank} failed {restarts + 1} times (last: {why}); its "
+                                  f"supervisor restarts it at most {max_restarts} times")
         restarts += 1
-        print(f"env worker {worker_rank} died (exit code {proc.exitcode}): restart {restarts} of at most "
-              f"{max_restarts}, its episodes in flight re-run", flush=True)
+        print(f"env worker {worker_rank} {why}: restart {restarts} of at most {max_restarts}, its episodes in "
+              f"flight re-run", flush=True)
 
 
-__all__ = ["EnvJob", "EnvWorkerFailed", "EpisodePlan", "PeerTimeout", "run_env_worker", "supervise_env_role"]
+def watch_child(proc: Any, alive: Any, bound_s: float, *, poll_s: float = WATCH_S) -> bool:
+    """Wait for `proc` to end, or to hang: its heartbeat (`alive.value`, a time.monotonic() stamp) older than
+    `bound_s`, when it is killed. True when it hung. Never waits without a bound: a worker that outlives its
+    SIGKILL by KILL_WAIT_S is an EnvWorkerFailed."""
+    while True:
+        proc.join(poll_s)
+        if proc.exitcode is not None:
+            return False
+        if time.monotonic() - alive.value > bound_s:
+            proc.kill()
+            proc.join(KILL_WAIT_S)
+            if proc.exitcode is None:
+                raise EnvWorkerFailed(f"env worker {proc.name} hung and outlived its SIGKILL by {KILL_WAIT_S:.0f} s")
+            return True
+
+
+__all__ = ["EnvJob", "EnvWorkerFailed", "EpisodePlan", "PeerTimeout", "run_env_worker", "supervise_env_role",
+           "watch_child"]

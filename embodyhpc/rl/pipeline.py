@@ -154,6 +154,7 @@ def _rollout(config: Config, run_dir: Path, role: Any, key: bytes, session: str)
                                    max_batch=max(len(slots), 1))
         worker = RolloutWorker(model, runner.observation_batch, server, pusher, weights, settings, action_dims=dims)
         stats = worker.run(start)
+        weights.drain()
         return {"role": "rollout", "rank": rank, "start_version": start, "version": worker.version, **stats}
     finally:
         server.close()

@@ -272,6 +272,24 @@ class WeightReceiver:
             self._swapped.set()
             return version
 
+    def drain(self, timeout_s: float | None = None) -> None:
+        """The rollout loop is done: take part in what the actor still broadcasts (a last version, dropped unused,
+        then its goodbye) until the receiving thread ends, within `timeout_s` (default: the receiver's). A process
+        must not exit while that thread is inside a collective: the group torn down under it aborts the process
+        ("terminate called without an active exception"), which fails the whole Slurm step."""
+        bound = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + bound
+        while self._thread is not None and self._thread.is_alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PeerTimeout(self.peer, bound, "sent no goodbye after the last version")
+            with self._ready:
+                if self._staged is not None:  # nothing will run on it: free staging for the next broadcast
+                    self._staged = None
+                    self._swapped.set()
+                self._ready.wait(min(left, 0.5))
+        self._raise()
+
     def join(self, timeout_s: float | None = None) -> None:
         if self._thread is not None:
             self._thread.join(self.timeout_s if timeout_s is None else timeout_s)

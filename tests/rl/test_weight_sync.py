@@ -242,3 +242,28 @@ def test_a_rollout_loop_that_never_swaps_ends_the_receiver_within_its_bound() ->
         time.sleep(0.05)
     with pytest.raises(RunFailure, match="did not swap in version 1 for 0 s"):
         receiver.swap_if_ready()
+
+
+def test_drain_takes_the_last_version_and_the_goodbye_so_the_receiver_ends() -> None:
+    """The rollout loop ends at rl.iterations while the actor still broadcasts its last version and its goodbye:
+    drain takes part in both (the last version dropped unused) and returns once the receiving thread has ended, long
+    before the receiver's own bound. A process that exits with that thread inside a collective aborts, and the
+    aborted rollout worker failed the whole Slurm job (tests/slurm/test_rl_job.py)."""
+    actor, rollout, q = Policy(seed=0), Policy(seed=1), queue.Queue()
+    receiver = WeightReceiver(rollout, _Group([q], False), 0, timeout_s=30).start()
+    sender = WeightSender(_Group([q], True), 0)
+    sender.send(trainable_state(actor), version=1)
+    assert receiver.wait_ready(timeout_s=10) and receiver.swap_if_ready() == 1
+    sender.send(trainable_state(actor), version=2)  # the last version: the loop is done and never swaps it in
+    sender.close()
+    start = time.monotonic()
+    receiver.drain(timeout_s=10)
+    assert not receiver._thread.is_alive() and receiver._finished
+    assert time.monotonic() - start < 10
+
+
+def test_drain_without_a_goodbye_ends_within_its_bound() -> None:
+    rollout, q = Policy(seed=1), queue.Queue()
+    receiver = WeightReceiver(rollout, _Group([q], False), 0, timeout_s=30).start()
+    with pytest.raises(PeerTimeout, match="sent no goodbye"):
+        receiver.drain(timeout_s=0.3)

@@ -1,0 +1,85 @@
+"""The whole RL job on the local Slurm cluster: `embodyhpc submit recipes/rl_metaworld_cpu.yaml` (not --local) runs
+env workers, a rollout worker and two FSDP2 actor ranks as one heterogeneous job (partition `het`: a node per
+group), from the few-shot supervised policy tests/rl/test_rl_closed_loop.py builds. What the real program must show,
+beyond tests/slurm/test_hetjob.py's role report: every group ran its role on its own node, the policy version advanced
+to rl.iterations through both actor ranks, the run ends completed in `status` and `runs`, and the issue's RL metrics
+reach the run's metrics file and its MLflow run, one point per version."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from embodyhpc.slurm.status import ACTIVE
+from tests.helpers import run_dir_from, wait_for
+from tests.launch.demo import embodyhpc
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.sim, pytest.mark.xdist_group("slurm")]
+
+ITERATIONS = 3
+METRICS = ("env/success_once", "env/return", "env/episode_length", "rl/staleness_mean", "rl/staleness_max",
+           "rl/rejected_stale_fraction", "time/env_s", "time/rollout_s", "time/actor_s", "time/sync_s",
+           "rl/env_steps_per_s", "rl/samples_per_s", "loss/policy")
+
+
+@pytest.fixture(scope="module")
+def sft_folder(tmp_path_factory) -> Path:
+    from tests.artifacts import build_once
+    from tests.rl.test_rl_closed_loop import _sft
+
+    return build_once(tmp_path_factory, "rl-sft", _sft)
+
+
+def test_the_rl_job_runs_its_roles_on_the_het_groups_and_trains(slurm_cluster, sft_folder, tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"site": {"name": "local-het", "partition": "het", "gpu_request": "none",
+                                             "het_jobs": True}, "network": {"fabric": "ethernet"}}))
+    export = Path((sft_folder / "run_dir").read_text()) / "export"
+    overrides = [f"job.runs_root={tmp_path / 'runs'}", f"model.init_weights={export}",
+                 f"data.root={sft_folder / 'reach'}", f"rl.iterations={ITERATIONS}", "rl.actor_ranks=2",
+                 "rl.envs_per_worker=8", "rl.episodes_per_iteration=16", "rl.group_size=8",
+                 "train.global_batch_size=32", "train.micro_batch_size=32", "rl.micro_batch_size=16",
+                 "eval.enabled=false", "resources.time=00:10:00", "checkpoint.every_steps=2"]
+    for role in ("actor", "rollout", "env"):
+        overrides += [f"rl.resources.{role}.nodes=1", f"rl.resources.{role}.cpus_per_task=1",
+                      f"rl.resources.{role}.mem=2G"]
+    run_dir = run_dir_from(embodyhpc("submit", "recipes/rl_metaworld_cpu.yaml", "--site", str(site), "--json",
+                                     *overrides).stdout)
+    try:
+        status = wait_for(lambda: _ended(json.loads(embodyhpc("status", str(run_dir), "--json").stdout)), 420,
+                          "the RL job ended", poll_s=3)
+    finally:
+        embodyhpc("cancel", str(run_dir), ok=False)
+    logs = run_dir / "submitit"
+    job = {j["kind"]: j for j in status["jobs"]}["rl"]
+    assert (job["kind"], job["state"]) == ("rl", "COMPLETED"), (status, _tails(logs))
+    assert set(job["nodes"].split(",")) == {"n1", "n2", "n3"}  # a node per het component, read back from sacct
+    # each group's processes log under the job's id and their role: two actor ranks, one rollout, one env worker
+    for role, count in (("actor", 2), ("rollout", 1), ("env", 1)):
+        outs = sorted(logs.glob(f"{job['job_id']}_{role}-*.out"))
+        assert len(outs) == count, (role, sorted(p.name for p in logs.iterdir()))
+
+    metrics = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, ITERATIONS + 1))
+    for key in METRICS:  # env/* only for versions in which episodes ended
+        assert any(key in m for m in metrics) and (key.startswith("env/") or all(key in m for m in metrics)), key
+    assert status["state"] == "COMPLETED"
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    logged = client.get_run(status["mlflow_run_id"]).data.metrics
+    assert not [key for key in METRICS if f"train/{key}" not in logged], sorted(logged)  # under the train/ prefix
+    history = client.get_metric_history(status["mlflow_run_id"], "train/rl/samples_per_s")
+    assert sorted(p.step for p in history) == list(range(1, ITERATIONS + 1))  # a point per policy version
+
+
+def _ended(status: dict) -> dict | None:
+    return status if status["jobs"] and all(j["state"] not in (*ACTIVE, "UNKNOWN") for j in status["jobs"]) else None
+
+
+def _tails(logs: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(logs.glob("*.err")))
