@@ -353,6 +353,10 @@ def test_submit_local_shows_training_progress_on_stderr(tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout)["backend"] == "local"
+    # without an evaluation the report has no success rows to show (it once showed "n/a (0/48 episodes)" for each
+    # planned policy)
+    report = json.loads((Path(json.loads(result.stdout)["run_dir"]) / "eval" / "report.json").read_text())
+    assert (report["outcome"], report["headline"]) == ("complete", {})
     progress = [line for line in result.stderr.splitlines() if line.startswith("train: step ")]
     found = progress and re.match(r"train: step \d+/300 \(\d+%\), loss [\d.]+, ([\d.e-]+) s/step, ETA", progress[0])
     assert found, result.stderr[-2000:]

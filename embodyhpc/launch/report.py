@@ -106,7 +106,7 @@ def report_task(run_dir: str) -> dict:
                  "episodes_recorded": {name: p.overall.recorded for name, p in results.policies.items()},
                  "state": states["eval"].state if "eval" in states else None},
         "results": results.to_dict(),
-        "headline": headline(results),
+        "headline": headline(results) if "eval" in info.jobs else {},  # no evaluation: no "n/a (0/48)" rows
     }
     outputs = _write_outputs(run, report, results, step, Path(info.parent_run or run) / HISTORY_FILE)
     print(f"report: {outcome}: {why}", flush=True)
