@@ -13,6 +13,8 @@ samples/s counts the samples of every batch after the first `--warmup-batches` (
 Dataset: generated into a temp dir with our LeRobotWriter (2 cameras 96x96, 6 episodes x 150 frames, 20 fps,
 GOP 2) once per codec in --codecs. AV1 is LeRobot's default codec (what users bring); h264 is our writer's
 default. Or pass --data (cameras, fps and codec as found there).
+--h264-tune fastdecode writes the h264 dataset with libx264's fastdecode tune (about half the decode CPU, files about
+17 % larger): both loaders read those files, and its rows say h264/fastdecode, apart from the goal's plain h264 rows.
 
 lerobot 0.4.4 pulls a CUDA torch (8.3 GB venv), so it is never used unless asked: --lerobot-venv runs the same
 access pattern with LeRobotDataset (its default video backend) inside that venv, in a subprocess. Without it
@@ -120,8 +122,9 @@ def make_frames(num_frames: int, size: int, seed: int) -> np.ndarray:
     return np.clip(np.round(frames), 0, 255).astype(np.uint8)
 
 
-def write_dataset(root: Path, codec: str, *, num_episodes: int, num_frames: int, size: int, fps: int) -> float:
-    """Write the synthetic dataset with our LeRobotWriter; returns seconds taken."""
+def write_dataset(root: Path, codec: str, *, num_episodes: int, num_frames: int, size: int, fps: int,
+                  tune: str | None = None) -> float:
+    """Write the synthetic dataset with our LeRobotWriter (`tune`: libx264's --tune for h264); returns seconds taken."""
     from embodyhpc.data.video_encode import VideoOptions
     from embodyhpc.data.writer import LeRobotWriter
 
@@ -130,7 +133,7 @@ def write_dataset(root: Path, codec: str, *, num_episodes: int, num_frames: int,
                 "action": {"dtype": "float32", "shape": [ACTION_DIM]}}
     rng = np.random.default_rng(0)
     start = time.perf_counter()
-    with LeRobotWriter(root, fps=fps, features=features, video=VideoOptions(codec=codec)) as writer:
+    with LeRobotWriter(root, fps=fps, features=features, video=VideoOptions(codec=codec, tune=tune)) as writer:
         for e in range(num_episodes):
             writer.add_episode({**{cam: make_frames(num_frames, size, seed=2 * e + c) for c, cam in enumerate(CAMERAS)},
                                 "observation.state": rng.normal(size=(num_frames, STATE_DIM)).astype(np.float32),
@@ -246,6 +249,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="passes per loader; the median is reported")
     parser.add_argument("--gop-window", type=int, default=0, metavar="W",
                         help="also time uint8 frames in data.gop_window_batches=W's order (default 0: not)")
+    parser.add_argument("--h264-tune", metavar="TUNE",
+                        help="encode the generated h264 dataset with libx264's --tune TUNE (e.g. fastdecode: cheaper "
+                             "to decode, for data we write; both loaders read the same files; default: none)")
     parser.add_argument("--lerobot-venv", type=Path, help="venv with lerobot==0.4.4: baseline = LeRobotDataset")
     parser.add_argument("--build-lerobot-venv", type=Path, metavar="PATH",
                         help="create PATH with lerobot==0.4.4 (CUDA torch, ~8 GB), then use it as --lerobot-venv")
@@ -268,14 +274,18 @@ def main() -> int:
             datasets = {}
             for codec in args.codecs.split(","):
                 datasets[codec] = tmp / f"dataset-{codec}"
+                tune = args.h264_tune if codec == "h264" else None
                 took_s = write_dataset(datasets[codec], codec, num_episodes=args.episodes, num_frames=args.frames,
-                                       size=args.image_size, fps=args.fps)
+                                       size=args.image_size, fps=args.fps, tune=tune)
                 print(f"# wrote {codec} dataset: {len(CAMERAS)} cameras {args.image_size}x{args.image_size}, "
-                      f"{args.episodes} episodes x {args.frames} frames, {args.fps} fps, GOP 2 ({took_s:.1f} s)")
+                      f"{args.episodes} episodes x {args.frames} frames, {args.fps} fps, GOP 2"
+                      f"{f', x264 tune {tune}' if tune else ''} ({took_s:.1f} s)")
         rows = []
         for label, root in datasets.items():
             delta, cameras, fps = access_pattern(root, args.horizon)
             codec = video_codec(root, cameras[0])
+            if codec == "h264" and args.h264_tune and not args.data:
+                codec = f"h264/{args.h264_tune}"  # its rows are not the h264 goal's files
             from embodyhpc.data import open_dataset
 
             dataset = open_dataset(root)

@@ -1,19 +1,25 @@
 """RL pipeline throughput: the asynchronous pipeline (rl.async: true, RL-VLA3's three levels) against the synchronous
 one (rl.async: false), on the same processes and cores, with and without a deliberately slow env worker.
 
-    python bench/rl_async.py                                    # builds a few-shot SFT policy first (~3 min)
+    python bench/rl_async.py                                    # builds a few-shot SFT policy first (~1 min)
     python bench/rl_async.py --init-weights RUN/export --data DEMOS   # an SFT export and its demonstrations
     python bench/rl_async.py --iterations 8 --straggler-delay 0.02 --env-workers 2 --eval-episodes 24
 
 Each case is `embodyhpc submit recipes/rl_metaworld_cpu.yaml --local` (the three roles as local processes: actor,
-rollout worker, env workers) from the same SFT export, for the same number of policy versions. Read from the run's
-logs/metrics.jsonl (one line per version): env steps/s = the environment steps of all versions over their summed
-step time; actor samples/s = the chunk samples the actor admitted over the same time; and the RL job's wall time.
-The straggler: env worker 0 sleeps --straggler-delay seconds per environment step (rl.straggler_delay_s), so the
-synchronous rounds wait for it while the asynchronous pipeline keeps the other env worker's envs and the actor busy.
-"Final success" is the last two versions' env/success_once on the training seeds, or, with --eval-episodes N, the
-held-out evaluation of the final policy (eval.seeds [100]) with its Wilson interval: the two pipelines must end at
-equal success for the speed-up to count.
+rollout worker, env workers) from the same SFT export, for the same number of policy versions; the cases run one
+after the other, interleaved (sync, async, sync, async with --repeats), each with `uptime` before and after. Read
+from the run's logs/metrics.jsonl (one line per version), leaving out version 1 (it also pays the roles' start):
+env steps/s = the environment steps over the summed step time; actor samples/s = the chunk samples the actor
+admitted (staleness gate passed) over the same time (trained/s: those that carried a gradient); the share of the
+step time each role reports (env, rollout inference, actor compute, weight sync, the rollouts' wait on the
+actor's full queue). The straggler: env worker 0 sleeps --straggler-delay seconds per environment step
+(rl.straggler_delay_s), so the synchronous rounds wait for it while the asynchronous pipeline keeps the other env
+worker's envs and the actor busy. "Final success": the episodes of the last FINAL_VERSIONS versions (env/success_once
+x env/episodes, training seeds) with a 95% Wilson interval per arm, the same number of versions each, and the
+asynchronous versions sized like the synchronous rounds (--async-batch: train.global_batch_size 256 chunk samples,
+where a round of 32 episodes trains about 250-350; the recipe's 64 would make async versions four times smaller
+steps, and success per version incomparable); the speed-up counts when the arms' intervals overlap.
+--eval-episodes N adds the held-out evaluation of each final policy (eval.seeds [100]).
 
 Goal (issue 31): async >= 1.5x sync with a straggler and >= 1.2x without, at equal final success. On 2 cores the
 roles (2 env workers, 1 rollout worker, 1 actor rank) share the cores, so overlap can only hide waiting, not add
@@ -33,9 +39,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from embodyhpc.eval.aggregate import wilson_interval
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/rl_metaworld_cpu.yaml"
 GOALS = {True: 1.5, False: 1.2}  # with a straggler, without
+WARMUP_VERSIONS = 1  # left out of the rates: the first version also pays the roles' start
+FINAL_VERSIONS = 2  # "final success": the episodes of the last versions, with their Wilson interval
 
 
 def cli(*args: str, timeout_s: float = 3600) -> subprocess.CompletedProcess:
@@ -54,17 +64,15 @@ def run_dir_of(stdout: str) -> Path:
 
 
 def build_sft(out: Path) -> tuple[Path, Path]:
-    """20 reach-v3 demonstrations and a 150-step tiny pi0.5 trained on them (what tests/rl/test_rl_closed_loop.py
-    starts from): its export folder and the demonstrations."""
-    from embodyhpc.sim.metaworld import generate_demos
+    """The few-shot SFT policy tests/rl/test_rl_closed_loop.py starts from (embodyhpc.rl.few_shot): its export
+    folder and the demonstrations."""
+    from embodyhpc.rl.few_shot import build_few_shot_sft
 
-    os.environ.setdefault("MUJOCO_GL", "egl")
-    demos = out / "reach"
-    generate_demos(demos, tasks=["reach-v3"], episodes_per_task=20, seed=0, image_size=32, progress=False)
-    result = cli("submit", "recipes/demo_metaworld_cpu.yaml", "--local", "--json", f"job.runs_root={out}",
-                 f"data.root={demos}", "train.steps=150", "train.warmup_steps=20", "eval.enabled=false",
-                 "eval.tasks=[reach-v3]", "resources.nodes=1", "checkpoint.every_steps=1000")
-    return run_dir_of(result.stdout) / "export", demos
+    return build_few_shot_sft(out, lambda *a: cli(*a).stdout)
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def run_case(out: Path, *, init: Path, demos: Path, is_async: bool, straggler: float, args) -> dict:
@@ -73,21 +81,33 @@ def run_case(out: Path, *, init: Path, demos: Path, is_async: bool, straggler: f
                  f"rl.async={str(is_async).lower()}", f"rl.straggler_delay_s={straggler}",
                  f"rl.iterations={args.iterations}", f"rl.env_workers={args.env_workers}",
                  f"eval.enabled={str(evaluate).lower()}"]
+    if is_async:  # steps of about a synchronous round's chunk samples: versions of the two arms compare
+        overrides.append(f"train.global_batch_size={args.async_batch}")
     if evaluate:
         overrides += [f"eval.episodes_per_task={args.eval_episodes}", "eval.reference_policies=[]"]
+    load_before = uptime()
     started = time.perf_counter()
     run_dir = run_dir_of(cli("submit", RECIPE, "--local", "--json", *overrides).stdout)
     wall_s = time.perf_counter() - started
     metrics = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
-    step_s = sum(m.get("time/step_s", 0.0) for m in metrics)
-    env_steps = sum(m.get("rl/env_steps_per_s", 0.0) * m.get("time/step_s", 0.0) for m in metrics)
-    samples = sum(m.get("rl/admitted", 0.0) for m in metrics)
-    last = [m["env/success_once"] for m in metrics if "env/success_once" in m][-2:]
+    steady = metrics[WARMUP_VERSIONS:] or metrics  # version 1 also pays the start (processes, first weights)
+    step_s = sum(m.get("time/step_s", 0.0) for m in steady)
+    env_steps = sum(m.get("rl/env_steps_per_s", 0.0) * m.get("time/step_s", 0.0) for m in steady)
+    admitted = sum(m.get("rl/admitted", 0.0) for m in steady)
+    trained = sum(m.get("rl/samples", 0.0) for m in steady)
+    last = [m for m in metrics if m.get("env/episodes")][-FINAL_VERSIONS:]
+    episodes = int(sum(m["env/episodes"] for m in last))
+    successes = int(round(sum(m.get("env/success_once", 0.0) * m["env/episodes"] for m in last)))
+    roles = {key: sum(m.get(f"time/{key}", 0.0) for m in steady) / max(step_s, 1e-9)
+             for key in ("env_s", "rollout_s", "actor_s", "sync_s", "push_wait_s")}
     row = {"async": is_async, "straggler_s": straggler, "versions": len(metrics), "wall_s": wall_s,
-           "env_steps_per_s": env_steps / max(step_s, 1e-9), "samples_per_s": samples / max(step_s, 1e-9),
-           "train_success": statistics.fmean(last) if last else float("nan"),
+           "env_steps_per_s": env_steps / max(step_s, 1e-9), "samples_per_s": admitted / max(step_s, 1e-9),
+           "trained_per_s": trained / max(step_s, 1e-9),
+           "final": (successes, episodes, *wilson_interval(successes, episodes)),
+           "role_share": {k: round(v, 2) for k, v in roles.items()},
            "staleness_max": max((m.get("rl/staleness_max", 0.0) for m in metrics), default=0.0),
-           "rejected_stale": sum(m.get("rl/rejected_stale", 0.0) for m in metrics), "run_dir": str(run_dir)}
+           "rejected_stale": sum(m.get("rl/rejected_stale", 0.0) for m in metrics), "run_dir": str(run_dir),
+           "uptime_before": load_before, "uptime_after": uptime()}
     if evaluate:
         report = json.loads((run_dir / "eval" / "report.json").read_text())
         overall = report["results"]["policies"]["trained"]["overall"]
@@ -99,10 +119,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--init-weights", type=Path, help="an SFT export folder (default: build one)")
     parser.add_argument("--data", type=Path, help="the demonstrations it was trained on (with --init-weights)")
-    parser.add_argument("--iterations", type=int, default=6, help="policy versions per case")
+    parser.add_argument("--iterations", type=int, default=5, help="policy versions per case")
     parser.add_argument("--env-workers", type=int, default=2)
     parser.add_argument("--straggler-delay", type=float, default=0.02, help="seconds per env step of worker 0")
     parser.add_argument("--eval-episodes", type=int, default=0, help="held-out evaluation of each final policy")
+    parser.add_argument("--async-batch", type=int, default=256,
+                        help="async: chunk samples per version (train.global_batch_size; a multiple of 64); a sync "
+                             "round of 32 episodes trains about 250-350")
+    parser.add_argument("--repeats", type=int, default=1, help="sync/async pairs per setting (interleaved)")
     parser.add_argument("--workdir", type=Path, help="keep the runs here (default: a temp dir)")
     args = parser.parse_args()
     if (args.init_weights is None) != (args.data is None):
@@ -110,31 +134,47 @@ def main() -> None:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="rl-async-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.init_weights is None:
-        print("building the SFT policy (20 reach-v3 demonstrations, 150 steps) ...", flush=True)
+        print("building the few-shot SFT policy (embodyhpc.rl.few_shot: 20 reach-v3 demonstrations, 150 steps) ...",
+              flush=True)
         init, demos = build_sft(work / "sft")
     else:
         init, demos = args.init_weights, args.data
     rows = []
-    for straggler in (0.0, args.straggler_delay):  # interleaved: sync, async for each setting
-        for is_async in (False, True):
-            row = run_case(work / "runs", init=init, demos=demos, is_async=is_async, straggler=straggler,
-                           args=args)
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "run_dir"}), flush=True)
-    print(f"\n{'case':<24} {'env steps/s':>12} {'samples/s':>10} {'wall s':>8} {'success':>8}  stale max")
+    for straggler in (0.0, args.straggler_delay):
+        for _ in range(args.repeats):  # interleaved: sync, async, sync, async, ... on the same processes and cores
+            for is_async in (False, True):
+                row = run_case(work / "runs", init=init, demos=demos, is_async=is_async, straggler=straggler,
+                               args=args)
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "run_dir"}), flush=True)
+    print(f"\n{'case':<24} {'env steps/s':>11} {'samples/s':>9} {'trained/s':>9} {'wall s':>6}  "
+          f"{'final success [95% Wilson]':<28} stale max  load (1 min, before/after)")
     for row in rows:
         name = f"{'async' if row['async'] else 'sync'}, straggler {row['straggler_s']:g} s"
-        success = (f"{row['eval'][0]}/{row['eval'][1]}" if "eval" in row else f"{row['train_success']:.2f}")
-        print(f"{name:<24} {row['env_steps_per_s']:>12.1f} {row['samples_per_s']:>10.1f} {row['wall_s']:>8.0f} "
-              f"{success:>8}  {row['staleness_max']:.0f}")
+        s_, n, lo, hi = row["final"]
+        final = f"{s_}/{n} [{lo:.2f}, {hi:.2f}]"
+        if "eval" in row:
+            final += f" held-out {row['eval'][0]}/{row['eval'][1]}"
+        load = "/".join(u.split("load average:")[-1].split(",")[0].strip() for u in (row["uptime_before"],
+                                                                                     row["uptime_after"]))
+        print(f"{name:<24} {row['env_steps_per_s']:>11.1f} {row['samples_per_s']:>9.1f} {row['trained_per_s']:>9.1f} "
+              f"{row['wall_s']:>6.0f}  {final:<28} {row['staleness_max']:>9.0f}  {load}")
     print()
     for straggler in (0.0, args.straggler_delay):
-        sync, asy = (next(r for r in rows if r["straggler_s"] == straggler and r["async"] is a) for a in (False, True))
         goal = GOALS[straggler > 0]
+        pick = [r for r in rows if r["straggler_s"] == straggler]
         for key in ("env_steps_per_s", "samples_per_s"):
-            ratio = asy[key] / max(sync[key], 1e-9)
+            sync = statistics.fmean(r[key] for r in pick if not r["async"])
+            asy = statistics.fmean(r[key] for r in pick if r["async"])
+            ratio = asy / max(sync, 1e-9)
             print(f"{'with' if straggler else 'without'} straggler: async/sync {key} {ratio:.2f}x "
                   f"(goal >= {goal}x: {'ok' if ratio >= goal else 'BELOW'})")
+        finals = {a: [r["final"] for r in pick if r["async"] is a] for a in (False, True)}
+        overlap = all(fa[2] <= fs[3] and fs[2] <= fa[3] for fs in finals[False] for fa in finals[True])
+        print(f"{'with' if straggler else 'without'} straggler: final success (last {FINAL_VERSIONS} versions) sync "
+              f"{[f'{f[0]}/{f[1]}' for f in finals[False]]} vs async {[f'{f[0]}/{f[1]}' for f in finals[True]]}: "
+              f"Wilson intervals {'overlap (equal within noise)' if overlap else 'DO NOT overlap'}")
+    print(f"uptime at the end: {uptime()}")
     print(f"runs: {work}")
 
 

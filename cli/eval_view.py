@@ -13,10 +13,11 @@ count only, which keeps the table narrow (the report's table and report.md have 
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from embodyhpc.submit import ChangePoller
 
 from .table import aligned, terminal_width
 
@@ -74,45 +75,35 @@ def planned_episodes(config: Any) -> int:
     return len(all_episodes(tasks, list(ev.seeds), ev.episodes_per_task)) * (1 + len(ev.reference_policies))
 
 
-class EpisodeProgress:
+class EpisodeProgress(ChangePoller):
     """From its own thread, every `poll_s`: show(f"eval: {done}/{planned} episodes done") once the run folder is
-    known (`started`) and whenever the count changed."""
+    known (`started`) and whenever the count changed; it stops by itself for a chain submitted to Slurm (`status`
+    follows that one)."""
 
     def __init__(self, config: Any, show: Callable[[str], None], *, poll_s: float = 1.0) -> None:
-        self.config, self.show, self.poll_s = config, show, poll_s
+        self.config, self.show = config, show
         self.run_dir: Path | None = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._poll, name="eval-progress", daemon=True)
+        self.planned: int | None = None
+        super().__init__(self._look, lambda done: show(f"eval: {done}/{self.planned} episodes done"), poll_s=poll_s,
+                         name="eval-progress")
 
     def started(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
 
-    def __enter__(self) -> EpisodeProgress:
-        self.thread.start()
-        return self
+    def _look(self) -> int | None:
+        if self.run_dir is None:
+            return None
+        if self.planned is None:
+            from embodyhpc.runinfo import RunInfo
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
+            if RunInfo.load(self.run_dir).backend != "local":
+                raise _NotHere  # submitted to Slurm: nothing to count here
+            self.planned = planned_episodes(self.config)
+        return episodes_done(self.run_dir)
 
-    def _poll(self) -> None:
-        planned, last = None, None
-        while not self.stop.wait(self.poll_s):
-            if self.run_dir is None:
-                continue
-            try:
-                if planned is None:
-                    from embodyhpc.runinfo import RunInfo
 
-                    if RunInfo.load(self.run_dir).backend != "local":  # submitted to Slurm: `status` follows it
-                        return
-                    planned = planned_episodes(self.config)
-                done = episodes_done(self.run_dir)
-                if done != last:
-                    last = done
-                    self.show(f"eval: {done}/{planned} episodes done")
-            except Exception:  # noqa: BLE001 - a display that failed must not touch the chain
-                return
+class _NotHere(Exception):
+    """Ends the polling: the chain runs elsewhere."""
 
 
 RUN_DIRECTORY = "run directory: "

@@ -322,19 +322,22 @@ def submit(loaded: LoadedRecipe, python: str, *, local: bool = False, progress: 
             return run_chain(loaded, info, progress=progress, eval_only=eval_only, plan=plan)
 
 
-class _ProgressPoller:
-    """Calls `report` with training's progress each time the metrics file has a new step, from a daemon thread."""
+class ChangePoller:
+    """From a daemon thread, every `poll_s`: `report(value)` each time `look()` returns a value that is not None and
+    whose `key(value)` differs from the last one reported (default: the value itself). A `look` or `report` that
+    raises ends the polling (a display that failed must not touch the chain; a `look` may raise to say there is
+    nothing to follow). A context manager: polls while the `with` body runs. submit --local's training progress
+    (_ProgressPoller) and `eval --ckpt`'s episode count (cli/eval_view.py) are the two."""
 
-    POLL_S = 1.0
-
-    def __init__(self, run_dir: Path, report: Callable[[TrainProgress], None]) -> None:
+    def __init__(self, look: Callable[[], object], report: Callable[[object], None], *, poll_s: float, name: str,
+                 key: Callable[[object], object] = lambda value: value) -> None:
         import threading
 
-        self.run_dir, self.report = run_dir, report
+        self.look, self.report, self.poll_s, self.key = look, report, poll_s, key
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._poll, name="train-progress", daemon=True)
+        self.thread = threading.Thread(target=self._poll, name=name, daemon=True)
 
-    def __enter__(self) -> _ProgressPoller:
+    def __enter__(self) -> ChangePoller:
         self.thread.start()
         return self
 
@@ -343,17 +346,28 @@ class _ProgressPoller:
         self.thread.join(timeout=5)
 
     def _poll(self) -> None:
-        from embodyhpc.runstate import train_progress
-
         last = None
-        while not self.stop.wait(self.POLL_S):
-            found = train_progress(self.run_dir)
-            if found is not None and found.step != last:
-                last = found.step
-                try:
+        while not self.stop.wait(self.poll_s):
+            try:
+                found = self.look()
+                if found is not None and self.key(found) != last:
+                    last = self.key(found)
                     self.report(found)
-                except Exception:  # noqa: BLE001 - a display that failed must not touch the chain
-                    return
+            except Exception:  # noqa: BLE001 - a display that failed must not touch the chain
+                return
+
+
+class _ProgressPoller(ChangePoller):
+    """Calls `report` with training's progress each time the metrics file has a new step."""
+
+    POLL_S = 1.0
+
+    def __init__(self, run_dir: Path, report: Callable[[TrainProgress], None]) -> None:
+        from embodyhpc import runstate
+
+        self.run_dir = run_dir
+        super().__init__(lambda: runstate.train_progress(run_dir), report, poll_s=self.POLL_S,
+                         name="train-progress", key=lambda progress: progress.step)
 
 
 def submit_smoke(loaded: LoadedRecipe, python: str, *, model: str, steps: int, size: str,
@@ -389,12 +403,15 @@ def submit_smoke(loaded: LoadedRecipe, python: str, *, model: str, steps: int, s
 
 
 def absolute_paths(loaded: LoadedRecipe) -> LoadedRecipe:
-    """Relative data.root and eval.weights mean "from where I submit": jobs start elsewhere, so the resolved
-    config every job reads holds absolute paths."""
+    """Relative data.root, data.datasets[i].root and eval.weights mean "from where I submit": jobs start
+    elsewhere, so the resolved config every job reads holds absolute paths."""
     cfg = loaded.config
     data, ev = cfg.data, cfg.eval
     if data.root and not Path(data.root).expanduser().is_absolute():
         data = dataclasses.replace(data, root=str(Path(data.root).expanduser().resolve()))
+    if data.datasets and any(not Path(e.root).expanduser().is_absolute() for e in data.datasets):
+        data = dataclasses.replace(data, datasets=[dataclasses.replace(e, root=str(Path(e.root).expanduser().resolve()))
+                                                   for e in data.datasets])
     if ev.weights and not Path(ev.weights).expanduser().is_absolute():
         ev = dataclasses.replace(ev, weights=str(Path(ev.weights).expanduser().resolve()))
     if data is cfg.data and ev is cfg.eval:

@@ -178,7 +178,7 @@ def built_from(folder: str | Path, config_yaml: str, weights_kind: str = "raw") 
     """The key of an export: the checkpoint folder, what is in it, the recipe it is exported with, and for an export
     of the moving average that it is one (an export of the raw weights has the key exports had before averages)."""
     key = {"checkpoint": str(Path(folder).resolve()), "checkpoint_id": checkpoint_id(folder),
-           "config_sha256": sha256_text(config_yaml)}
+           "config_sha256": sha256_text(merged_lora_config(config_yaml)[0])}
     if weights_kind != "raw":
         key[WEIGHTS_KIND_KEY] = weights_kind
     return key
@@ -203,6 +203,8 @@ def export_consolidated(folder: str | Path, out_dir: str | Path, *, config_yaml:
     marker = layout.read_marker(folder) if layout.is_complete(folder) else {}
     kind = choose_weights(weights_kind, has_average(folder), where=str(folder))
     tensors = consolidated_model_state(folder, kind)
+    config_yaml, scale = merged_lora_config(config_yaml)
+    tensors, merged = _merge_adapters(tensors, scale, where=str(folder))
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     tensors = {k: v.contiguous() for k, v in tensors.items()}
@@ -223,10 +225,46 @@ def export_consolidated(folder: str | Path, out_dir: str | Path, *, config_yaml:
         "bytes": weights.stat().st_size, "sha256": sha256_file(weights), "config_sha256": sha256_text(config_yaml),
         "tensors": safetensors_header(weights), "built_from": built_from(folder, config_yaml, kind),
     }
+    if merged:
+        summary["lora_merged"] = {"layers": merged, "scale": scale}
     if side_files is not None:
         summary[SIDE_FILES_KEY] = side_file_hashes(out_dir, side_files)
     write_json_atomic(out_dir / EXPORT_JSON, summary)
     return weights
+
+
+def merged_lora_config(config_yaml: str) -> tuple[str, float | None]:
+    """(the config.yaml an export writes, the LoRA scale its weights fold in): a recipe with model.lora trained
+    adapters, which the export folds into the base weights (W + alpha/rank * B @ A, models/lora.py); its config then
+    names no model.lora (the export is a plain model: evaluation, the LeRobot export and the logged model build it
+    without adapters). Any other config comes back as given, with None."""
+    import yaml
+
+    from embodyhpc.config.lora_schema import LoraConfig
+
+    data = yaml.safe_load(config_yaml) if "lora" in config_yaml else None
+    model = data.get("model") if isinstance(data, dict) else None
+    lora = model.get("lora") if isinstance(model, dict) else None
+    if not isinstance(lora, dict) or lora.get("rank") is None:
+        return config_yaml, None
+    scale = LoraConfig(**lora).scale
+    del model["lora"]
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False), scale
+
+
+def _merge_adapters(tensors: dict[str, torch.Tensor], scale: float | None,
+                    *, where: str) -> tuple[dict[str, torch.Tensor], int]:
+    """The weights with LoRA adapters folded in (merge_lora_state), and how many layers had them."""
+    from embodyhpc.models.lora import LORA_A, merge_lora_state
+
+    layers = sum(key.endswith("." + LORA_A) for key in tensors)
+    if layers and scale is None:
+        raise NotACheckpointError(f"holds LoRA adapters ({layers} layers) and the config it is exported with names no "
+                                  "model.lora (their alpha / rank is unknown)", where=where,
+                                  fix="export it with the run's own config.yaml")
+    if scale is None:
+        return tensors, 0
+    return merge_lora_state(tensors, scale), layers
 
 
 def _copy_side_files(side_files: Mapping[str, str | Path | None], out_dir: Path) -> None:

@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor, Shard
 
+from embodyhpc.models.lora import ADAPTER_SUFFIXES
 from embodyhpc.models.weights_io import SINGLE_FILE, KeyRule, LoadReport, SafetensorsCheckpoint, WeightsLayoutError
 
 
@@ -54,8 +55,9 @@ class ReadStats:
 
 
 def _targets(model: nn.Module) -> dict[str, torch.Tensor]:
-    # A DTensor's .shape is the global shape, so the checks see full sizes on every rank.
-    return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    # A DTensor's .shape is the global shape, so the checks see full sizes on every rank. LoRA adapters are no
+    # tensor of any base checkpoint: they keep their own init (models/lora.py)
+    return {k: v for k, v in model.state_dict().items() if not k.endswith(("_extra_state", *ADAPTER_SUFFIXES))}
 
 
 def local_rows(tensor: torch.Tensor) -> tuple[int, int]:

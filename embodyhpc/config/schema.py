@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from embodyhpc.config import checks, nccl_values
+from embodyhpc.config.data_mixture import DatasetEntry, check_sources
+from embodyhpc.config.lora_schema import LoraConfig
 from embodyhpc.config.network import NetworkConfig
 from embodyhpc.config.rl_schema import RLConfig
 from embodyhpc.errors import ConfigError
@@ -101,6 +103,8 @@ class DataConfig:
     """synthetic (generated in the job), lerobot (LeRobot v3.0 folder) or hdf5 (robomimic/LIBERO)."""
     root: str | None = None
     """Dataset folder on the parallel filesystem (lerobot, hdf5)."""
+    datasets: list[DatasetEntry] | None = None
+    """A weighted mixture instead of data.root: [{root, weight, embodiment?, delta_timestamps?, eval?}, ...]."""
     delta_timestamps: dict[str, list[float]] = field(default_factory=dict)
     """LeRobot-style {feature: [seconds, ...]}: history frames and action chunks."""
     num_workers: int = 2
@@ -148,9 +152,7 @@ class DataConfig:
             raise ConfigError(f"groups samples by video file, and data.format {self.format!r} has no video files",
                               key="data.gop_window_batches", related=("data.format",),
                               fix="set data.gop_window_batches=0")
-        if self.format != "synthetic" and not self.root:
-            raise ConfigError(f"format {self.format!r} needs a dataset folder", key="data.root",
-                              related=("data.format",), fix="set data.root=/path/to/dataset")
+        check_sources(self)  # data.root or data.datasets (config/data_mixture.py)
         checks.positive("data.num_workers", self.num_workers, allow_zero=True)
         checks.positive("data.prefetch_factor", self.prefetch_factor)
         checks.positive("data.synthetic_step_s", self.synthetic_step_s, allow_zero=True)
@@ -252,6 +254,8 @@ class ModelConfig:
     normalization.json, an openpi assets/<id>/norm_stats.json, LeRobot's policy_preprocessor.json or its normalizer
     .safetensors, or a folder holding one). A resumed run always keeps the statistics it started with
     (checkpoints/normalization.json). Checked against the dataset's state and model.state_norm before training."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters on the base weights, which stay frozen (config/lora_schema.py); off unless lora.rank is set."""
 
     def __post_init__(self) -> None:
         # the name, options, size and family keys are the family's (models/spec.py check_model_config, at validate)

@@ -53,6 +53,7 @@ from embodyhpc.data.guard import (
     WorkerFailure,
     one_line,
 )
+from embodyhpc.data.mixture import MixtureDataset, MixtureSampler
 from embodyhpc.data.sampler import StepSampler
 from embodyhpc.errors import ConfigError
 
@@ -236,6 +237,8 @@ def build_sampler(dataset: Dataset, data: DataConfig, *, micro_batch_size: int, 
     """This rank's sampler: StepSampler's order, regrouped by video file in windows of data.gop_window_batches
     micro-batches (data/gop_order.py) where the reader says which file and frame a sample reads. That sampler is
     used with a window of 0 too, so a checkpoint that stopped inside a window resumes with the window off."""
+    if isinstance(dataset, MixtureDataset):  # data.datasets: the stream of draw positions (data/mixture.py)
+        return MixtureSampler(dataset, rank=rank, world_size=world_size, seed=seed)
     locate = getattr(dataset, "frame_locations", None)
     if locate is None:
         if data.gop_window_batches:

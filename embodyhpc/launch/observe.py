@@ -131,19 +131,26 @@ class RunTracking:
     def _log_dataset(self) -> None:
         """The training dataset as the run's MLflow input; a problem here costs that record, never the training."""
         data = self.config.data
-        if data.format == "synthetic" or not data.root:
+        if data.format == "synthetic" or not (data.root or data.datasets):
             return
-        try:
-            from embodyhpc.data.info import dataset_fingerprint, dataset_info
-            from embodyhpc.tracking.provenance import log_dataset
+        # a mixture (data.datasets): one input per dataset, with its weight and its share of the samples
+        total = sum(entry.weight for entry in data.datasets or ())
+        sources = [(data.root, {})] if data.root else [
+            (entry.root, {"weight": entry.weight, "share": entry.weight / total, "mixture_index": i,
+                          "embodiment": entry.embodiment}) for i, entry in enumerate(data.datasets or ())]
+        for root, mixture in sources:
+            try:
+                from embodyhpc.data.info import dataset_fingerprint, dataset_info
+                from embodyhpc.tracking.provenance import log_dataset
 
-            info = dataset_info(data.root)
-            log_dataset(self.uri, self.run_id, name=Path(str(data.root)).name, path=str(data.root),
-                        num_episodes=info.get("num_episodes"), fingerprint=dataset_fingerprint(data.root),
-                        profile={"num_frames": info.get("num_frames"), "format": info.get("format"),
-                                 "fps": info.get("fps")})
-        except Exception as exc:  # noqa: BLE001
-            print(f"embodyhpc: the dataset input of MLflow run {self.run_id} was not logged: {exc}", flush=True)
+                info = dataset_info(root)
+                log_dataset(self.uri, self.run_id, name=Path(str(root)).name, path=str(root),
+                            num_episodes=info.get("num_episodes"), fingerprint=dataset_fingerprint(root),
+                            profile={"num_frames": info.get("num_frames"), "format": info.get("format"),
+                                     "fps": info.get("fps"), **mixture})
+            except Exception as exc:  # noqa: BLE001
+                print(f"embodyhpc: the dataset input {root} of MLflow run {self.run_id} was not logged: {exc}",
+                      flush=True)
 
     outcome_status = "FINISHED"
 

@@ -2,13 +2,15 @@
 RUN_DIR`, what the heterogeneous sbatch script's srun line runs) and plays the role the environment gives it
 (embodyhpc.rl.roles): actor, rollout or env (embodyhpc.rl.pipeline).
 
-Preemption and time limits, as for training (launch/train.py): SIGUSR2 and SIGTERM only set a flag
-(train/preempt.StopSignal); the actor ranks agree on it at the next optimizer step, save that version (blocking: the
-model, the optimizer, the RNG states, the version counter as the checkpoint's step), send their last weights marked
-last, which makes every rollout worker tell its env workers to stop, so every role ends. Then actor rank 0 requeues
-the job (SIGUSR2, fewer than resources.max_requeues restarts) and the actor ranks exit with Requeued; `resume`
-continues from the saved version with the same counter. Actor rank 0 writes logs/train_result.json (the result
-file `status` and the report read) and the MLflow metrics.
+Preemption and time limits, as for training (the decision is launch/requeue.py's, shared with launch/train.py):
+SIGUSR2 and SIGTERM only set a flag (train/preempt.StopSignal); the actor ranks agree on it at the next optimizer
+step, save that version (blocking: the model, the optimizer, the RNG states, the version counter as the checkpoint's
+step), send their last weights marked last, which makes every rollout worker tell its env workers to stop, so every
+role ends. Then actor rank 0 requeues the whole job (SIGUSR2, fewer than resources.max_requeues restarts; under
+Slurm with scontrol: the script exports SUBMITIT_EXECUTOR=slurm) and the actor ranks exit with Requeued; the next
+start, or `resume`, continues from the saved version with the same counter, and the metrics file keeps its lines up
+to it. Actor rank 0 writes logs/train_result.json (the result file `status` and the report read) and the MLflow
+metrics.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def rl_task(run_dir: str) -> dict[str, Any]:
         from embodyhpc.train.metrics import ConsoleMetricsSink, JsonlMetricsSink
 
         tracking = observe.RunTracking(config, run, rank=0, local_rank=0)
-        sinks = [JsonlMetricsSink(run / METRICS_FILE), ConsoleMetricsSink()]
+        sinks = [JsonlMetricsSink(run / METRICS_FILE, resume_step=resume_version(run)), ConsoleMetricsSink()]
     try:
         if tracking is not None:
             with tracking.attempt():
@@ -83,20 +85,23 @@ def rl_task(run_dir: str) -> dict[str, Any]:
     return result
 
 
+def resume_version(run: Path) -> int:
+    """The version this start continues from: the newest complete checkpoint's step (what the actor loads), 0 for
+    a fresh run. The metrics file keeps its lines up to it: a requeued or resumed run's curve goes on from there
+    (versions logged after it, by an attempt that died before saving them, are trained again and logged anew)."""
+    from embodyhpc.checkpoint.layout import list_steps
+    from embodyhpc.rundir import CHECKPOINTS_DIR
+
+    return list_steps(run / CHECKPOINTS_DIR).newest_complete or 0
+
+
 def _after_stop(result: dict[str, Any], config: Any, run: Path) -> None:
-    """Actor rank 0 after a stop signal: requeue (as training does) or fail saying why."""
-    from embodyhpc.launch.train import TrainingStopped, _decide_and_requeue
-    from embodyhpc.train.preempt import Requeued, Stopped
+    """Actor rank 0 after a stop signal: requeue the whole job (as training does), or fail saying why."""
+    from embodyhpc.launch.requeue import decide_and_requeue, end_stopped_attempt
 
     result["stopped_at_step"] = result["version"]
-    decision = _decide_and_requeue(result, config.resources.max_requeues, run, session_id().split(".")[0])
-    if decision["outcome"] == "requeued":
-        raise Requeued(decision["message"])
-    if decision["outcome"] == "stopped":
-        raise Stopped(decision["message"])
-    result.update(status="failed", error=decision["message"])
-    write_json_atomic(run / RESULT_FILE, result)
-    raise TrainingStopped(decision["message"])
+    decision = decide_and_requeue(result, config.resources.max_requeues, run, session_id().split(".")[0], label="rl")
+    end_stopped_attempt(decision, result, run, write_result=True)
 
 
 if __name__ == "__main__":

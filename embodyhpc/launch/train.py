@@ -24,7 +24,6 @@ Every attempt that stops appends one line to logs/train_attempts.jsonl (rank 0).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -36,15 +35,17 @@ from typing import Any
 from embodyhpc.atomic import write_json_atomic
 from embodyhpc.config.schema import CheckpointConfig, Config, DataConfig, StagingConfig, TrainConfig
 from embodyhpc.launch import distributed, observe
+from embodyhpc.launch.requeue import TrainingStopped, end_stopped_attempt
+from embodyhpc.launch.requeue import decide_and_requeue as _decide_and_requeue
+from embodyhpc.launch.requeue import restart_count as _restart_count
 from embodyhpc.rundir import (
-    ATTEMPTS_FILE,
-    CHECKPOINTS_DIR,
+    ATTEMPTS_FILE,  # noqa: F401 - where launch.requeue records the attempts (tests read it from here)
     METRICS_FILE,
     RESULT_FILE,
     SPINE_STATE_FILE,
     replace_atomically,
 )
-from embodyhpc.train.preempt import Requeued, Stopped, StopSignal
+from embodyhpc.train.preempt import StopSignal
 from embodyhpc.validation import load_resolved
 
 _DIM = 16
@@ -56,6 +57,8 @@ def prepare_data(data: DataConfig, staging: StagingConfig, local_rank: int) -> s
     node copies, the other local ranks wait), else data.root. Runs before the process group exists."""
     if data.format == "synthetic":
         return None
+    if data.datasets:  # a mixture: train_task stages every dataset with prepare_datasets
+        raise ValueError("prepare_data reads data.root; a mixture (data.datasets) goes through prepare_datasets")
     root = Path(str(data.root))
     if not root.exists():
         raise FileNotFoundError(f"data.root {data.root!r} does not exist on {socket.gethostname()}")
@@ -69,8 +72,22 @@ def prepare_data(data: DataConfig, staging: StagingConfig, local_rank: int) -> s
     return str(dest)
 
 
-class TrainingStopped(RuntimeError):
-    """The job stopped for a time limit or preemption and was not requeued (the message says why and what to do)."""
+def prepare_datasets(data: DataConfig, staging: StagingConfig, local_rank: int) -> DataConfig:
+    """data.datasets with each root replaced by the folder training reads: its node-local staged copy when staging is
+    on (staging/datasets.py: every dataset, local rank 0 copies), else the root itself, which must exist here."""
+    import dataclasses
+
+    for i, entry in enumerate(data.datasets or ()):
+        if not Path(entry.root).exists():
+            raise FileNotFoundError(f"data.datasets[{i}].root {entry.root!r} does not exist on {socket.gethostname()}")
+    if not staging.enabled:
+        return data
+    from embodyhpc.staging.datasets import stage_datasets
+
+    staged = stage_datasets([entry.root for entry in data.datasets or ()], nvme_dir=staging.nvme_dir,
+                            local_rank=local_rank, workers=staging.copy_workers, verify=staging.verify)
+    return dataclasses.replace(data, datasets=[dataclasses.replace(entry, root=root)
+                                               for entry, root in zip(data.datasets or (), staged, strict=True)])
 
 
 def train_task(run_dir: str) -> dict:
@@ -86,7 +103,8 @@ def train_task(run_dir: str) -> dict:
     # SIGUSR2 would make its rank 0 requeue a job that has already finished training.
     stop = StopSignal().install()
     observe.preflight(Path(run_dir), config, dist_env.local_rank)  # a bad node fails here, naming itself
-    data_root = prepare_data(config.data, config.staging, dist_env.local_rank)
+    staged = prepare_datasets(config.data, config.staging, dist_env.local_rank) if config.data.datasets else None
+    data_root = staged.datasets[0].root if staged else prepare_data(config.data, config.staging, dist_env.local_rank)
     tracking = observe.RunTracking(config, Path(run_dir), rank=dist_env.rank, local_rank=dist_env.local_rank,
                                    node_rank=dist_env.node_rank)
     device, backend = device_and_backend(config.resources.gpus_per_node, synthetic=data_root is None)
@@ -99,14 +117,15 @@ def train_task(run_dir: str) -> dict:
                                      step_s=config.data.synthetic_step_s)
                 tracking.log_final(result["steps"], {"final_loss": result["final_loss"]})
             else:
-                result = _train_policy(config, Path(run_dir), data_root, dist_env, stop, tracking.sinks(), device)
+                result = _train_policy(config, Path(run_dir), data_root, dist_env, stop, tracking.sinks(), device,
+                                       staged_data=staged)
             stopped = None
             if result["stopped_by"] is not None:  # the same on every rank: the loops agree on it
                 stopped = _after_stop(result, config.resources.max_requeues, Path(run_dir), dist_env)
         result.update(data_root=data_root, hostnames=hostnames, world_size=dist_env.world_size,
                       restart_count=_restart_count(Path(run_dir), dist_env.job_id), job_id=dist_env.job_id)
         if stopped is not None:
-            _end_stopped_attempt(stopped, result, Path(run_dir), dist_env.rank)
+            end_stopped_attempt(stopped, result, Path(run_dir), write_result=dist_env.rank == 0)
     result["status"] = "completed"
     if dist_env.rank == 0:
         write_json_atomic(Path(run_dir) / RESULT_FILE, result)
@@ -130,7 +149,7 @@ def _failure_recorded(run_dir: Path, rank: int) -> Iterator[None]:
     try:
         yield
     except TrainingStopped:
-        raise  # recorded already, with the attempt's result (_end_stopped_attempt)
+        raise  # recorded already, with the attempt's result (end_stopped_attempt)
     except Exception as exc:
         if rank == 0:
             from embodyhpc.data.guard import one_line
@@ -143,19 +162,7 @@ def _failure_recorded(run_dir: Path, rank: int) -> Iterator[None]:
         raise
 
 
-# ---- after a stop signal ----
-def _restart_count(run_dir: Path, job_id: str) -> int:
-    """How often this job was restarted so far: Slurm counts every requeue (ours, an admin's, a node failure's);
-    submitit's local executor counts nothing, so there it is the requeues this job recorded in ATTEMPTS_FILE."""
-    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-        return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-    path = run_dir / ATTEMPTS_FILE
-    if not path.is_file():
-        return 0
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return sum(1 for r in records if r.get("job_id") == job_id and r.get("outcome") == "requeued")
-
-
+# ---- after a stop signal (the decision and the way out: embodyhpc.launch.requeue) ----
 def _after_stop(result: dict, max_requeues: int, run_dir: Path, dist_env: distributed.DistEnv) -> dict[str, Any]:
     """Every rank, inside the process group, after the loop saved the stop step: rank 0 decides (and requeues),
     then one broadcast gives every rank the same outcome."""
@@ -170,54 +177,6 @@ def _after_stop(result: dict, max_requeues: int, run_dir: Path, dist_env: distri
                                                            f"{result['stopped_at_step']}, then rank 0 failed: {exc!r}"}
     dist.broadcast_object_list(decision, src=0)
     return decision[0]
-
-
-def _decide_and_requeue(result: dict, max_requeues: int, run_dir: Path, job_id: str) -> dict[str, Any]:
-    """Rank 0 only (no collectives): requeue once if allowed, and record the attempt."""
-    signal_name, step = result["stopped_by"], result["stopped_at_step"]
-    restarts = _restart_count(run_dir, job_id)
-    on_slurm = os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
-    saved = f"stopped by {signal_name} at step {step} (checkpoint saved)"
-    if signal_name != "SIGUSR2":
-        outcome, message = "stopped", f"{saved}; Slurm is ending the job, embodyhpc does not requeue it"
-    elif restarts >= max_requeues:
-        outcome = "failed"
-        message = (f"{saved} and not requeued: the job was already restarted {restarts} time(s) and "
-                   f"resources.max_requeues={max_requeues} (raise it, or resources.time so that fewer restarts are "
-                   f"needed); the checkpoint of step {step} stays under {run_dir / CHECKPOINTS_DIR}")
-    else:
-        outcome, message = "requeued", f"{saved}; requeued (restart {restarts + 1} of at most {max_requeues})"
-        if on_slurm:
-            from embodyhpc.errors import SlurmError
-            from embodyhpc.slurm import commands
-
-            try:
-                commands.requeue(job_id)
-            except SlurmError as exc:
-                outcome, message = "failed", f"{saved} but the requeue failed: {exc}"
-    print(f"train: {message}", flush=True)
-    record = {"job_id": job_id, "restart_count": restarts, "outcome": outcome, "signal": signal_name,
-              "step": step, "resumed_from_step": result.get("resumed_from_step"), "message": message}
-    try:
-        path = run_dir / ATTEMPTS_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-    except OSError as exc:  # the record is for people and the local restart count; the decision stands
-        print(f"train: could not record the attempt in {ATTEMPTS_FILE}: {exc}", flush=True)
-    return {"outcome": outcome, "message": message}
-
-
-def _end_stopped_attempt(stopped: dict[str, Any], result: dict, run_dir: Path, rank: int) -> None:
-    """Every rank, after the process group is gone: leave as requeued, or fail saying why."""
-    if stopped["outcome"] == "requeued":
-        raise Requeued(stopped["message"])
-    if stopped["outcome"] == "stopped":  # SIGTERM: Slurm cancels or requeues the job itself; no result of ours
-        raise Stopped(stopped["message"])
-    result.update(status="failed", error=stopped["message"])
-    if rank == 0:
-        write_json_atomic(run_dir / RESULT_FILE, result)
-    raise TrainingStopped(stopped["message"])
 
 
 def device_and_backend(gpus_per_node: int, *, synthetic: bool) -> tuple[str, str]:
@@ -236,7 +195,7 @@ def device_and_backend(gpus_per_node: int, *, synthetic: bool) -> tuple[str, str
 
 
 def _train_policy(config: Config, run_dir: Path, data_root: str, dist_env: distributed.DistEnv,
-                  stop: StopSignal, extra_sinks: list, device: Any) -> dict:
+                  stop: StopSignal, extra_sinks: list, device: Any, staged_data: DataConfig | None = None) -> dict:
     import dataclasses
 
     from embodyhpc.config.resolve import resolve
@@ -244,7 +203,8 @@ def _train_policy(config: Config, run_dir: Path, data_root: str, dist_env: distr
     from embodyhpc.rundir import RESOLVED_YAML
     from embodyhpc.train.loop import train
 
-    out = train(dataclasses.replace(config, data=dataclasses.replace(config.data, root=data_root)), resolve(config),
+    data = staged_data if staged_data is not None else dataclasses.replace(config.data, root=data_root)
+    out = train(dataclasses.replace(config, data=data), resolve(config),
                 run_dir=run_dir, dist_env=dist_env, device=device, config_yaml=(run_dir / RESOLVED_YAML).read_text(),
                 stop=stop, extra_sinks=extra_sinks, on_checkpoint=checkpoint_eval.hook(run_dir, config))
     return {"mode": "policy", "resumed_from_step": out.start_step, "steps": out.final_step,

@@ -17,6 +17,7 @@ class Episode:
     samples: dict[int, ChunkSample] = field(default_factory=dict)
     end: EpisodeEnd | None = None
     env_s: float = 0.0
+    push_wait_s: float = 0.0  # its rollout worker's time blocked on the actor's full queue (reported with its samples)
 
 
 class Assembler:
@@ -41,6 +42,7 @@ class Assembler:
                 episode.samples.clear()
             episode.samples[sample.chunk_index] = sample
             self.times["rollout_s"] += float(message.fields.get("infer_s", 0.0))
+            episode.push_wait_s += float(message.fields.get("push_wait_s", 0.0))
         elif message.kind == "episode_end":
             end = episode_end_from(message)
             if end.episode_id in self.finished:
@@ -82,6 +84,7 @@ class Window:
 
     def add_episodes(self, group: list[Episode]) -> None:
         for episode in group:
+            self.times["push_wait_s"] += episode.push_wait_s  # MLflow time/push_wait_s: back-pressure on the rollouts
             self.episodes += 1
             self.successes += int(episode.end.success)
             self.returns += float(episode.end.episode_return)

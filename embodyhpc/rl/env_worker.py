@@ -18,15 +18,17 @@ A dead env worker: its supervisor (the env role's process) restarts it, at most 
 the job naming the worker and its exit code. A hung one (stopped, or stuck in its simulator) is one whose heartbeat
 (a shared timestamp the worker stamps at every step of its loop and at every message from its rollout worker,
 heartbeats included) is older than rl.peer_timeout_s + HANG_GRACE_S: every wait of a live worker is bounded by
-rl.peer_timeout_s, so nothing else makes it that old. Its supervisor kills it and restarts it like a dead one. Episodes in flight when it died are re-run from their initial state
-by the restarted worker (the slots' current episodes are kept in shared memory): their groups stay whole, and the
-actor drops the dead attempt's pieces when the same episode starts again (chunk 0).
+rl.peer_timeout_s, so nothing else makes it that old. Its supervisor kills it and restarts it like a dead one.
+Episodes in flight when it died are re-run from their initial state by the restarted worker (the slots' current
+episodes are kept in shared memory): their groups stay whole, and the actor drops the dead attempt's pieces when
+the same episode starts again (chunk 0).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -249,6 +251,10 @@ PEER_GONE_EXIT = 75  # the child's exit code when its rollout worker went silent
 
 
 def _child(job: EnvJob, worker_rank: int, attempt: int, progress: Any, alive: Any) -> None:
+    # Slurm's time-limit warning (USR2) reaches every process of the step, this one too: the actor saves and stops
+    # the job, and this worker stops when its rollout worker says so. USR2's default action would kill it instead
+    # (a spawned child has none of its parent's handlers) and cost a restart and its episodes in flight.
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     os.environ.setdefault("MUJOCO_GL", "egl")
     try:
         run_env_worker(job, worker_rank, attempt, progress, alive=alive)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import zmq
 
@@ -117,10 +117,12 @@ class Requester(_Receiver):
     """The env worker's end: `send` observations, `recv` the replies (any number in flight), `request` = both.
     `peer` names the server in errors ("rollout 0"). Its routing id is the codec's sender name."""
 
-    def __init__(self, address: str, codec: Codec, *, peer: str, timeout_s: float, hwm: int = 64) -> None:
+    def __init__(self, address: str, codec: Codec, *, peer: str, timeout_s: float, hwm: int = 64,
+                 on_receive: Callable[[], None] | None = None) -> None:
         super().__init__(codec, f"{codec.sender} -> {peer}")
         self.peer = peer
         self.timeout_s = float(timeout_s)
+        self.on_receive = on_receive  # called at every valid message, heartbeats included (the env worker's beat)
         self.sock = _socket(zmq.DEALER, codec, hwm=hwm)
         self.sock.setsockopt(zmq.ROUTING_ID, codec.sender.encode())
         self.sock.connect(address)
@@ -149,6 +151,8 @@ class Requester(_Receiver):
             message = self._decode(self.sock.recv_multipart(zmq.NOBLOCK), self.peer)
             if message is None:
                 continue
+            if self.on_receive is not None:
+                self.on_receive()
             if message.kind != HEARTBEAT:
                 return message
             deadline = time.monotonic() + bound  # the server is alive: the bound starts again

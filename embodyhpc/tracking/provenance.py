@@ -58,7 +58,9 @@ def source_tags(recipe: str, command: str = "embodyhpc submit") -> dict[str, str
 def describe(config: Any, recipe: str, overrides: Sequence[str]) -> str:
     """The run's description (markdown, one paragraph per fact)."""
     model, data, train, res, ev = config.model, config.data, config.train, config.resources, config.eval
-    what = (f"**{model.name} ({model.size})** trained on `{data.root}` ({data.format})"
+    source = f"`{data.root}`" if data.root else "a mixture of " + ", ".join(  # data.datasets
+        f"`{entry.root}` (weight {entry.weight:g})" for entry in getattr(data, "datasets", None) or ())
+    what = (f"**{model.name} ({model.size})** trained on {source} ({data.format})"
             if data.format != "synthetic" else "the synthetic stand-in (no policy)")
     lines = [f"{what} for {train.steps} steps, global batch {train.global_batch_size}, on {res.nodes} node(s) x "
              f"{res.tasks_per_node} task(s), {res.gpus_per_node} GPU(s) per node."]

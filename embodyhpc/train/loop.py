@@ -53,10 +53,12 @@ from torch.distributed.tensor import DTensor
 
 from embodyhpc.checkpoint import Checkpointer
 from embodyhpc.checkpoint.sliced_weights import load_init_weights
+from embodyhpc.config.data_mixture import eval_index
 from embodyhpc.config.resolve import Resolved
 from embodyhpc.config.schema import Config, DataConfig, ModelConfig, PrecisionConfig, TrainConfig
 from embodyhpc.data import open_dataset
 from embodyhpc.data.loader import build_dataloader
+from embodyhpc.data.mixture_open import entry_delta_timestamps, mixture_normalizer, open_mixture, save_dataset_stats
 from embodyhpc.data.normalize import StateNormalizer
 from embodyhpc.errors import ConfigError
 from embodyhpc.models import build_model, build_tokenizer, model_spec
@@ -176,14 +178,20 @@ class TrainRun:
         self._build_model(config)
         _seed_rank_streams(config.train.seed + dist_env.rank)
         # statistics and tokenizer: the run's own (resume), the recipe's, or what model.init_weights carries
-        model_cfg, normalizer, tokenizer_source = _policy_inputs(config.model, config.data.root,
+        data_root = _eval_root(config.data)  # a mixture's (data.datasets): the evaluation entry's
+        model_cfg, normalizer, tokenizer_source = _policy_inputs(config.model, data_root,
                                                                  self.run_dir / CHECKPOINTS_DIR, self.is_rank0)
+        if config.data.datasets:  # each dataset's samples normalised with its own statistics (data/mixture_open.py)
+            normalizer = mixture_normalizer(config.data, model_cfg.state_key, model_cfg.state_norm)
         self.config = dataclasses.replace(config, model=model_cfg)
         self._build_data(normalizer)
         self.ckpt = Checkpointer(self.run_dir / CHECKPOINTS_DIR, config.checkpoint, seed=config.train.seed,
                                  device=self.device, on_complete=on_checkpoint)
-        self.policy_files = write_policy_io(self.run_dir / CHECKPOINTS_DIR, config.data.root, model_cfg, normalizer,
+        self.policy_files = write_policy_io(self.run_dir / CHECKPOINTS_DIR, data_root, model_cfg,
+                                            getattr(normalizer, "eval", normalizer),
                                             tokenizer_source) if self.is_rank0 else None
+        if self.is_rank0 and config.data.datasets:  # every dataset's statistics, beside the checkpoints
+            save_dataset_stats(self.run_dir / CHECKPOINTS_DIR, normalizer, [e.root for e in config.data.datasets])
         self.start_step = self._restore()
         self.scheduler = _scheduler(self.optimizer, config.train, self.start_step)
         self.sinks = self._rank0_sinks(sinks, extra_sinks)
@@ -211,7 +219,8 @@ class TrainRun:
         """This rank's share of the dataset, batched by the model's collate, and what the metrics count of a batch."""
         config, spec = self.config, self.spec
         self.loader, self.sampler = build_dataloader(
-            _open(config.data, config.model), config.data, micro_batch_size=config.train.micro_batch_size,
+            _open(config.data, config.model, config.train.seed), config.data,
+            micro_batch_size=config.train.micro_batch_size,
             rank=self.dist_env.rank, world_size=self.dist_env.world_size, seed=config.train.seed,
             device_type=self.device.type,
             collate_fn=spec.load("collate")(config.model, build_tokenizer(config.model), normalizer))
@@ -365,7 +374,20 @@ def _check_world(resolved: Resolved, dist_env: RankInfo) -> None:
 ACTION_KEY = "action"  # the dataset feature every policy learns to predict, as a chunk (data.delta_timestamps)
 
 
-def _open(data: DataConfig, model_cfg: ModelConfig):
+def _eval_root(data: DataConfig) -> str | None:
+    """data.root, or the root of the mixture entry evaluation and export read (eval: true, else the first)."""
+    return data.datasets[eval_index(data.datasets)].root if data.datasets else data.root
+
+
+def _open(data: DataConfig, model_cfg: ModelConfig, seed: int = 0):
+    if data.datasets and data.format != "synthetic":
+        for i in range(len(data.datasets)):
+            if ACTION_KEY not in entry_delta_timestamps(data, i):
+                raise ConfigError(f"no action chunk requested: the model predicts {model_cfg.action_horizon} steps",
+                                  key=f"data.datasets[{i}].delta_timestamps", related=("data.delta_timestamps",),
+                                  fix="set data.delta_timestamps.action (or the entry's) to [i / fps for i in "
+                                      f"range({model_cfg.action_horizon})]")
+        return open_mixture(data, seed=seed)
     if data.format == "synthetic" or not data.root:
         raise ConfigError("the policy trainer reads a dataset on disk", key="data.format",
                           fix="set data.format=lerobot (or hdf5) and data.root=/path/to/dataset")

@@ -59,6 +59,8 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
 
     if training and cfg.data.format != "synthetic" and cfg.data.root:
         check("data.root", cfg.data.root, "dataset")
+    for i, entry in enumerate(cfg.data.datasets or () if training and cfg.data.format != "synthetic" else ()):
+        check(f"data.datasets[{i}].root", entry.root, "dataset")
     if training and cfg.model.init_weights:
         check("model.init_weights", cfg.model.init_weights, "weights file or folder", file_formats.check_weights)
     if training and cfg.model.state_norm != "none" and cfg.data.format != "synthetic":
@@ -86,6 +88,10 @@ def check_paths(loaded: LoadedRecipe, *, submitting: bool = False, training: boo
 
         root = Path(cfg.data.root).expanduser() if cfg.data.root else None
         warnings += check_recipe_data(cfg, where, dataset_visible=root is not None and root.exists())
+        if cfg.data.datasets:  # a mixture: each dataset as data.root would be, then what must agree across them
+            from embodyhpc.validation.mixture_checks import check_mixture
+
+            warnings += check_mixture(cfg, where)
     from embodyhpc.config.limits import warnings as large_values
 
     return warnings + large_values(cfg)

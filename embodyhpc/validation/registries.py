@@ -1,7 +1,7 @@
 """The checks of a recipe that need the registries: the model family (its spec: name, options, sizes, keys, own
 check) and the evaluation's suite, its options and tasks, and the reference policies (then the episodes those
 tasks make, against eval.shards: an unknown task is named as such, not as too few episodes). Nothing here imports
-torch or a simulator: specs and suites are read, not built."""
+torch or a simulator: specs and suites are read, not built (model.lora's targets aside: lora_checks.py)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,21 @@ import difflib
 from embodyhpc.config import checks
 from embodyhpc.config.schema import Config, EvalConfig
 from embodyhpc.errors import ConfigError
+from embodyhpc.validation.lora_checks import check_lora
 from embodyhpc.validation.rl_checks import check_rl
 
 
 def validate(config: Config) -> None:
     """Raise the first one-line ConfigError (naming its key; the caller names the layer) of the model section
     against its family's spec, then of the eval section against the suite and reference-policy registries, then of
-    an RL recipe across its sections (rl_checks)."""
+    an RL recipe across its sections (rl_checks), then model.lora against precision and the model's layers
+    (lora_checks: the one check that imports torch, and only for a recipe with model.lora)."""
     from embodyhpc.models.spec import check_model_config
 
     check_model_config(config.model)
     check_eval(config.eval)
     check_rl(config)
+    check_lora(config)
 
 
 def check_eval(ev: EvalConfig) -> None:

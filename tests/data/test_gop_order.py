@@ -243,7 +243,7 @@ def gop_train_job(rank: int, world_size: int, run_dir: str, steps: int, every_st
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, gop_window_batches=3))
     drawn: list[int] = []
     open_dataset_ = loop._open
-    loop._open = lambda data, model_cfg: Recording(open_dataset_(data, model_cfg), drawn)
+    loop._open = lambda data, model_cfg, *seed: Recording(open_dataset_(data, model_cfg, *seed), drawn)
     result = train(cfg, resolve(cfg), run_dir=run_dir, dist_env=SimpleNamespace(rank=rank, world_size=world_size,
                    local_rank=rank), device="cpu", config_yaml="model: {size: tiny}\n")
     return {"start_step": result.start_step, "drawn": drawn}

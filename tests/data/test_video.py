@@ -101,3 +101,53 @@ def test_decoder_opened_before_fork_is_not_reused_in_workers(large_video, decode
     loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context="fork")
     got = [pair for batch in loader for pair in batch.unbind(0)]
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def _x264_settings(path) -> bytes:
+    """The encoder settings libx264 records in the stream (its SEI user-data string "x264 - core ... options: ...")."""
+    data = path.read_bytes()
+    start = data.index(b"options: ")
+    return data[start:data.index(b"\x00", start)]
+
+
+def _write_tuned(folder, tune):
+    """32 smooth 32x32 frames, each 4 grey levels brighter than the one before: a frame from a neighbouring time is
+    off by >= 4 levels everywhere, the encoding by about one."""
+    from embodyhpc.data.video_encode import VideoFileWriter, VideoOptions
+
+    gradient = np.add.outer(np.arange(32), np.arange(32))[None, :, :, None]
+    frames = (20 + 4 * np.arange(32)[:, None, None, None] + gradient + np.zeros((1, 1, 1, 3), int)).astype(np.uint8)
+    path = folder / f"{tune}.mp4"
+    writer = VideoFileWriter(path, 32, 32, FPS, VideoOptions(tune=tune))
+    writer.write(frames)
+    writer.close()
+    return path, frames
+
+
+TUNED_FRAMES = [5, 4, 17, 30, 4]
+
+
+def test_h264_tune_reaches_the_encoder_and_frames_stay_at_their_times(tmp_path):
+    plain, _ = _write_tuned(tmp_path, None)
+    fast, frames = _write_tuned(tmp_path, "fastdecode")
+    # x264's own record of what it encoded with: fastdecode turns CABAC and the deblocking filter off.
+    assert b"cabac=1" in _x264_settings(plain) and b"deblock=1" in _x264_settings(plain)
+    assert b"cabac=0" in _x264_settings(fast) and b"deblock=0" in _x264_settings(fast)
+    got = PyAVFrameDecoder().decode(fast, [i / FPS for i in TUNED_FRAMES]).float()
+    source = torch.from_numpy(frames[TUNED_FRAMES]).permute(0, 3, 1, 2).float()
+    assert (got - source).abs().mean(dim=(1, 2, 3)).max() < 2  # each frame from its own time
+
+
+def test_torchcodec_reads_fastdecode_files_as_pyav_does(tmp_path):
+    fast, _ = _write_tuned(tmp_path, "fastdecode")
+    times = [i / FPS for i in TUNED_FRAMES]
+    assert torch.equal(TorchCodecFrameDecoder().decode(fast, times), PyAVFrameDecoder().decode(fast, times))
+
+
+def test_tune_is_refused_where_it_does_not_apply():
+    from embodyhpc.data.video_encode import VideoOptions
+
+    with pytest.raises(ValueError, match="tune 'fastdecode' is not supported for codec 'av1'"):
+        VideoOptions(codec="av1", tune="fastdecode")
+    with pytest.raises(ValueError, match="one of: film"):
+        VideoOptions(tune="fast")

@@ -6,7 +6,9 @@ The claim under test: the trained policy beats the random policy with non-overla
 recipe's own evaluation (10 held-out episodes per task, 40 per policy). Measured with this recipe (600 steps, 2
 ranks, the DiT at width 192): trained 9/24 [0.21, 0.57] on 6 episodes per task (1000 steps: also 9/24) vs random
 0/24 [0.00, 0.14], expert 24/24; the same 600-step policy on the recipe's 40 episodes: trained 16/40 [0.26, 0.55],
-random 0/40 [0.00, 0.09], expert 40/40 (evaluation ~4 min, the chain ~12 min on 2 loaded cores). The
+random 0/40 [0.00, 0.09], expert 40/40 (evaluation ~4 min, the chain ~12 min on 2 loaded cores); a later run of
+the test: trained 10/40 [0.14, 0.40] (a margin of 0.05 over random: no room to train less), 1120 s at load 8-14
+(training ~11 min, 0.53 s/step quiet; evaluation ~7.5 min, the trained policy's episodes ~75% of it). The
 demonstrations are the pi0.5 demo's (tests/launch/demo.py), made once per test run. The same run checks what a
 shorter chain once checked on its own: the metrics file, packing, and a GR00T export the evaluation read.
 """

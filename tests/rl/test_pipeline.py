@@ -17,7 +17,7 @@ from embodyhpc.rl.actor import Actor
 from embodyhpc.rl.assembly import Assembler, Window
 from embodyhpc.rl.codec import Codec, episode_end_message, sample_message
 from embodyhpc.rl.endpoints import free_port
-from embodyhpc.rl.rollout import RolloutSettings, RolloutWorker
+from embodyhpc.rl.rollout import BATCH_MAX_WAIT_S, RolloutSettings, RolloutWorker, batch_ready
 from embodyhpc.rl.samples import ChunkSample, EpisodeEnd, StalenessGate, VersionCounter
 from embodyhpc.rl.transport import PeerTimeout, Puller
 from embodyhpc.rl.weight_sync import WeightReceiver, WeightSender, standalone_group, trainable_state
@@ -206,3 +206,44 @@ def test_a_stop_signal_ends_the_wait_for_samples():
     stop = StopSignal()
     stop.request(signal.SIGUSR2)
     assert actor._collect(FakePuller([]), Assembler(2), [], Window(), stop) == "SIGUSR2"
+
+
+ISSUE_METRICS = ("env/success_once", "env/return", "env/episode_length", "rl/staleness_mean", "rl/staleness_max",
+                 "rl/rejected_stale_fraction", "time/env_s", "time/rollout_s", "time/push_wait_s",
+                 "rl/env_steps_per_s", "rl/samples_per_s")
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_version_logs_the_issue_metrics_with_the_times_the_roles_reported():
+    """What one version hands its sinks (MLflow): issue 31's metrics, the per-role times summed from the fields the
+    rollout and env workers sent (inference, the rollouts' wait on the actor's full queue, env stepping)."""
+    actor = bare_actor(version=0, max_staleness=1, asynchronous=False, batch=4)
+    written = []
+    actor.sinks = [SimpleNamespace(write=lambda step, metrics: written.append((step, metrics)))]
+    messages = []
+    for episode in range(4):
+        for chunk in range(2):
+            message = sample_message(sample(episode, chunk, 0))
+            message.fields.update(infer_s=0.5, push_wait_s=0.25 * episode)
+            messages.append(message)
+        message = episode_end_message(end(episode, episode in (0, 3)))
+        message.fields.update(env_s=2.0)
+        messages.append(message)
+    assembler, window = Assembler(2), Window()
+    actor.next_step(FakePuller(messages), assembler, [], window)
+    actor._log(1, window, assembler)
+    ((step, metrics),) = written
+    assert step == 1 and all(key in metrics for key in ISSUE_METRICS), sorted(set(ISSUE_METRICS) - set(metrics))
+    assert metrics["time/push_wait_s"] == pytest.approx(2 * 0.25 * (0 + 1 + 2 + 3))
+    assert metrics["time/rollout_s"] == pytest.approx(8 * 0.5) and metrics["time/env_s"] == pytest.approx(4 * 2.0)
+    assert metrics["env/success_once"] == 0.5 and metrics["env/episode_length"] == 3.0
+
+
+def test_async_batches_whichever_envs_are_ready_never_waiting_for_all():
+    """Level 1: half of the running envs waiting make a batch (the rest may be stragglers); fewer wait at most
+    BATCH_MAX_WAIT_S; never is every running env required (the synchronous pipeline's lock-step)."""
+    assert batch_ready(16, running=32, oldest_wait_s=0.0, max_batch=32)
+    assert not batch_ready(15, running=32, oldest_wait_s=0.0, max_batch=32)
+    assert batch_ready(1, running=32, oldest_wait_s=BATCH_MAX_WAIT_S, max_batch=32)  # a straggler's peers go on
+    assert batch_ready(4, running=32, oldest_wait_s=0.0, max_batch=4)  # the cap
+    assert batch_ready(1, running=1, oldest_wait_s=0.0, max_batch=8) and not batch_ready(0, 8, 1.0, 8)

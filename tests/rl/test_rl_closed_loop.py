@@ -1,8 +1,9 @@
 """Issue 31's proof on this machine: RL raises a few-shot supervised policy's held-out success.
 
-The supervised policy: pi0.5 (tiny) trained by the demo recipe's own SFT path on 20 reach-v3 demonstrations (seed
-0) for 150 steps, a policy clearly below success 1. Then `embodyhpc submit recipes/rl_metaworld_cpu.yaml --local`
-(GRPO, asynchronous, the three roles as local processes, RL seeds [1]) starts from its export. Both are evaluated by
+The supervised policy (embodyhpc.rl.few_shot, which bench/rl_async.py starts from too): pi0.5 (tiny) trained by the
+demo recipe's own SFT path on 20 reach-v3 demonstrations (seed 0) for 150 steps, a policy clearly below success 1.
+Then `embodyhpc submit recipes/rl_metaworld_cpu.yaml --local` (GRPO, asynchronous, the three roles as local
+processes, RL seeds [1]) starts from its export; so does the same recipe with rl.algorithm=ppo. All are evaluated by
 the project's evaluation chain on the same held-out goals (eval.seeds [100]), 48 episodes each, with the same
 settings (4 denoising steps, 60 steps per episode): the RL policy's Wilson interval must lie above the SFT one.
 """
@@ -10,7 +11,6 @@ settings (4 denoising steps, 60 steps per episode): the RL policy's Wilson inter
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -27,15 +27,10 @@ EVAL = ["eval.episodes_per_task=48", "eval.max_steps=60", "eval.denoise_steps=4"
 
 
 def _sft(out: Path) -> None:
-    from embodyhpc.sim.metaworld import generate_demos
+    from embodyhpc.rl.few_shot import build_few_shot_sft
 
-    os.environ.setdefault("MUJOCO_GL", "egl")
-    demos = out / "reach"
-    generate_demos(demos, tasks=["reach-v3"], episodes_per_task=20, seed=0, image_size=32, progress=False)
-    result = embodyhpc("submit", "recipes/demo_metaworld_cpu.yaml", "--local", "--json", f"job.runs_root={out}",
-                       f"data.root={demos}", "train.steps=150", "train.warmup_steps=20", "eval.enabled=false",
-                       "eval.tasks=[reach-v3]", "resources.nodes=1", "checkpoint.every_steps=1000")
-    (out / "run_dir").write_text(str(run_dir_from(result.stdout)))
+    export, _ = build_few_shot_sft(out, lambda *args: embodyhpc(*args).stdout)
+    (out / "run_dir").write_text(str(export.parent))
 
 
 def _overall(run_dir: Path) -> dict:
@@ -52,34 +47,63 @@ def sft_folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def rl_and_sft(sft_folder, tmp_path_factory):
-    out = tmp_path_factory.mktemp("rl")
-    demos = sft_folder / "reach"
+def sft_eval(sft_folder, tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(the SFT export, its demonstrations, the SFT policy's held-out evaluation run), shared by GRPO and PPO."""
+    out = tmp_path_factory.mktemp("sft-eval")
     export = Path((sft_folder / "run_dir").read_text()) / "export"
     sft = run_dir_from(embodyhpc("eval", "--ckpt", str(export), "--local", "--json", f"job.runs_root={out}",
                                  *EVAL).stdout)
+    return export, sft_folder / "reach", sft
+
+
+def _rl(out: Path, sft_eval, *overrides: str) -> tuple[Path, Path, float]:
+    export, demos, sft = sft_eval
     started = time.monotonic()
     rl = embodyhpc("submit", "recipes/rl_metaworld_cpu.yaml", "--local", "--json", f"job.runs_root={out}",
-                   f"model.init_weights={export}", f"data.root={demos}", *EVAL)
+                   f"model.init_weights={export}", f"data.root={demos}", *EVAL, *overrides)
     return run_dir_from(rl.stdout), sft, time.monotonic() - started
 
 
-def test_rl_raises_held_out_success_with_non_overlapping_intervals(rl_and_sft):
-    rl_dir, sft_dir, wall_s = rl_and_sft
+@pytest.fixture(scope="module")
+def rl_and_sft(sft_eval, tmp_path_factory):
+    return _rl(tmp_path_factory.mktemp("rl"), sft_eval)
+
+
+@pytest.fixture(scope="module")
+def ppo_and_sft(sft_eval, tmp_path_factory):
+    """PPO (value head, GAE) with the recipe's other settings: asynchronous, 12 versions of 64 chunk samples."""
+    return _rl(tmp_path_factory.mktemp("ppo"), sft_eval, "rl.algorithm=ppo")
+
+
+def _check_learnt(rl_dir: Path, sft_dir: Path, wall_s: float, name: str) -> list[dict]:
     rl, sft = _overall(rl_dir), _overall(sft_dir)
-    print(f"SFT {sft['successes']}/{sft['recorded']} [{sft['ci_low']:.3f}, {sft['ci_high']:.3f}]; RL "
+    print(f"SFT {sft['successes']}/{sft['recorded']} [{sft['ci_low']:.3f}, {sft['ci_high']:.3f}]; {name} "
           f"{rl['successes']}/{rl['recorded']} [{rl['ci_low']:.3f}, {rl['ci_high']:.3f}]; RL run {wall_s:.0f} s")
     assert sft["recorded"] >= 40 and rl["recorded"] >= 40
     assert sft["success_rate"] < 0.9  # the supervised policy leaves room to improve
     assert rl["ci_low"] > sft["ci_high"], (sft, rl)
     metrics = [json.loads(line) for line in (rl_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, ITERATIONS + 1))  # one line per version
+    return metrics
+
+
+def test_rl_raises_held_out_success_with_non_overlapping_intervals(rl_and_sft):
+    metrics = _check_learnt(*rl_and_sft, "GRPO")
     for key in ("env/success_once", "env/return", "env/episode_length", "rl/staleness_mean", "rl/staleness_max",
                 "rl/rejected_stale_fraction", "time/env_s", "time/rollout_s", "time/actor_s", "time/sync_s",
-                "rl/env_steps_per_s", "rl/samples_per_s", "loss/policy"):
+                "time/push_wait_s", "rl/env_steps_per_s", "rl/samples_per_s", "loss/policy"):
         assert any(key in m for m in metrics), key
     for m in metrics:  # a version that saw samples older than rl.max_staleness (1) rejected them, end to end
         assert m["rl/staleness_max"] <= 1 or m["rl/rejected_stale"] > 0, m
+
+
+def test_ppo_raises_held_out_success_with_non_overlapping_intervals(ppo_and_sft):
+    """PPO learns too: the value head trains beside the policy (its loss logged every version) and the held-out
+    success of the same SFT start rises with non-overlapping Wilson intervals."""
+    import math
+
+    metrics = _check_learnt(*ppo_and_sft, "PPO")
+    assert all(math.isfinite(m["loss/value"]) for m in metrics)
 
 
 def test_resume_of_an_rl_run_keeps_the_version_counter(rl_and_sft, tmp_path):

@@ -6,6 +6,8 @@ density, and a killed env worker whose episodes re-run."""
 from __future__ import annotations
 
 import math
+import os
+import signal
 import threading
 import time
 
@@ -14,7 +16,14 @@ import pytest
 import torch
 
 from embodyhpc.rl.codec import Codec, episode_end_from, sample_from
-from embodyhpc.rl.env_worker import EnvJob, EpisodePlan, run_env_worker, supervise_env_role
+from embodyhpc.rl.env_worker import (
+    EnvJob,
+    EnvWorkerFailed,
+    EpisodePlan,
+    run_env_worker,
+    supervise_env_role,
+    watch_child,
+)
 from embodyhpc.rl.rollout import RolloutSettings, RolloutWorker
 from embodyhpc.rl.transport import Puller, Pusher, Server
 from tests.eval.fake_suite import LineSuite
@@ -203,6 +212,97 @@ def test_a_killed_env_worker_is_restarted_and_its_episodes_rerun():
     assert sorted(e.episode_id for e in h.ends) == [0, 1, 2, 3]  # every episode ended once: the run finished
     firsts = [s.episode_id for s in h.samples if s.chunk_index == 0]
     assert any(firsts.count(e) > 1 for e in (0, 1))  # an episode in flight ran again from its start
+
+
+class _Child:
+    """A worker process as watch_child sees it: it ends after `ends_after` joins (never, when None), stamping its
+    heartbeat at each join while `beats`; SIGKILL ends it unless `unkillable`. Fails the test where a watcher
+    would wait on it forever (an unbounded join, or 200 bounded ones without a look at the heartbeat)."""
+
+    name = "env-worker-0"
+
+    def __init__(self, alive, *, ends_after=None, beats=False, unkillable=False):
+        self.alive, self.ends_after, self.beats, self.unkillable = alive, ends_after, beats, unkillable
+        self.exitcode, self.joins, self.killed = None, [], False
+
+    def join(self, timeout=None):
+        assert timeout is not None, "an unbounded join on the env worker"
+        assert len(self.joins) < 200, "the watcher waits on a hung worker forever"
+        self.joins.append(timeout)
+        if self.beats:
+            self.alive.value = time.monotonic()
+        if self.ends_after is not None and len(self.joins) >= self.ends_after:
+            self.exitcode = 0
+
+    def kill(self):
+        self.killed = True
+        if not self.unkillable:
+            self.exitcode = -9
+
+
+class _Stamp:
+    def __init__(self, value):
+        self.value = value
+
+
+def test_the_supervisor_kills_a_worker_without_heartbeat_and_waits_on_a_beating_one():
+    """A stopped worker neither ends nor beats: killed once its stamp is older than the bound, never waited on
+    without a bound. A slow but live worker (it beats) is waited on however long it takes. The stamps are set
+    100 s apart from the bound of 5 s either way: the machine's speed does not decide."""
+    stopped = _Child(_Stamp(time.monotonic() - 100.0))
+    assert watch_child(stopped, stopped.alive, 5.0, poll_s=0.01) is True and stopped.killed
+    live = _Child(_Stamp(time.monotonic()), ends_after=20, beats=True)
+    assert watch_child(live, live.alive, 100.0, poll_s=0.001) is False and not live.killed
+    assert len(live.joins) == 20
+    stuck = _Child(_Stamp(time.monotonic() - 100.0), unkillable=True)
+    with pytest.raises(EnvWorkerFailed, match="hung and outlived its SIGKILL"):
+        watch_child(stuck, stuck.alive, 5.0, poll_s=0.01)
+    assert all(t is not None for t in stuck.joins)
+
+
+@pytest.mark.slow  # spawns the env worker twice (~4 s) and waits out the bound of 2 s
+def test_a_stopped_env_worker_is_killed_within_its_bound_and_replaced():
+    """SIGSTOP: the worker is alive but silent. Its supervisor kills it once its heartbeat is 2 s old and
+    restarts it; the episodes in flight re-run and the run finishes. With an unbounded join the supervisor would
+    wait on the stopped worker forever and the run never finish."""
+    children: list = []
+    h = Harness(sync=True, workers=1, envs_per_worker=2, delays={0: 0.05}, iterations=2, episodes_per_round=2,
+                limit=8)
+    h.start(env_target=lambda: supervise_env_role(h.jobs[0], 0, on_start=children.append, hang_after_s=2.0))
+
+    def stop_first_child(sample):
+        if len(children) == 1 and children[0].is_alive():
+            os.kill(children[0].pid, signal.SIGSTOP)
+
+    try:
+        h.collect_until(lambda: len(h.ends) >= 4, timeout_s=40.0, on_sample=stop_first_child)
+        h.finish()
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.kill()
+    assert len(children) == 2 and children[0].exitcode == -signal.SIGKILL
+    assert sorted(e.episode_id for e in h.ends) == [0, 1, 2, 3]
+    firsts = [s.episode_id for s in h.samples if s.chunk_index == 0]
+    assert any(firsts.count(e) > 1 for e in (0, 1))  # an episode in flight ran again from its start
+
+
+@pytest.mark.slow  # spawns the env worker (~2 s)
+def test_the_time_limit_warning_does_not_kill_the_env_worker():
+    """Slurm's USR2 reaches every process of the step: the env worker (a spawned child, without its parent's
+    handlers) must live on and stop when its rollout worker says so, not die and be restarted."""
+    children: list = []
+    h = Harness(sync=True, workers=1, envs_per_worker=2, delays={0: 0.05}, iterations=2, episodes_per_round=2,
+                limit=8)
+    h.start(env_target=lambda: supervise_env_role(h.jobs[0], 0, on_start=children.append))
+
+    def warn_child(sample):
+        if len(children) == 1 and sample.chunk_index == 0 and sample.episode_id == 0:
+            os.kill(children[0].pid, signal.SIGUSR2)
+
+    h.collect_until(lambda: len(h.ends) >= 4, timeout_s=40.0, on_sample=warn_child)
+    h.finish()
+    assert len(children) == 1 and children[0].exitcode == 0  # warned, never restarted, ended cleanly
 
 
 @pytest.mark.parametrize("kind", ["env", "rollout"])

@@ -8,11 +8,14 @@ reach the run's metrics file and its MLflow run, one point per version."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from embodyhpc.rundir import ATTEMPTS_FILE
 from embodyhpc.slurm.status import ACTIVE
 from tests.helpers import run_dir_from, wait_for
 from tests.launch.demo import embodyhpc
@@ -33,26 +36,35 @@ def sft_folder(tmp_path_factory) -> Path:
     return build_once(tmp_path_factory, "rl-sft", _sft)
 
 
-def test_the_rl_job_runs_its_roles_on_the_het_groups_and_trains(slurm_cluster, sft_folder, tmp_path):
+def _submit(sft_folder: Path, tmp_path: Path, iterations: int, *extra: str) -> Path:
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump({"site": {"name": "local-het", "partition": "het", "gpu_request": "none",
                                              "het_jobs": True}, "network": {"fabric": "ethernet"}}))
     export = Path((sft_folder / "run_dir").read_text()) / "export"
     overrides = [f"job.runs_root={tmp_path / 'runs'}", f"model.init_weights={export}",
-                 f"data.root={sft_folder / 'reach'}", f"rl.iterations={ITERATIONS}", "rl.actor_ranks=2",
+                 f"data.root={sft_folder / 'reach'}", f"rl.iterations={iterations}", "rl.actor_ranks=2",
                  "rl.envs_per_worker=8", "rl.episodes_per_iteration=16", "rl.group_size=8",
                  "train.global_batch_size=32", "train.micro_batch_size=32", "rl.micro_batch_size=16",
-                 "eval.enabled=false", "resources.time=00:10:00", "checkpoint.every_steps=2"]
+                 "eval.enabled=false", "resources.time=00:10:00", "checkpoint.every_steps=2", *extra]
     for role in ("actor", "rollout", "env"):
         overrides += [f"rl.resources.{role}.nodes=1", f"rl.resources.{role}.cpus_per_task=1",
                       f"rl.resources.{role}.mem=2G"]
-    run_dir = run_dir_from(embodyhpc("submit", "recipes/rl_metaworld_cpu.yaml", "--site", str(site), "--json",
-                                     *overrides).stdout)
+    return run_dir_from(embodyhpc("submit", "recipes/rl_metaworld_cpu.yaml", "--site", str(site), "--json",
+                                  *overrides).stdout)
+
+
+def _wait_ended(run_dir: Path, timeout_s: float) -> dict:
     try:
-        status = wait_for(lambda: _ended(json.loads(embodyhpc("status", str(run_dir), "--json").stdout)), 420,
-                          "the RL job ended", poll_s=3)
+        return wait_for(lambda: (s := json.loads(embodyhpc("status", str(run_dir), "--json").stdout))["jobs"]
+                        and all(j["state"] not in ACTIVE + ("UNKNOWN",) for j in s["jobs"]) and s, timeout_s,
+                        "the RL job ended", poll_s=3)
     finally:
         embodyhpc("cancel", str(run_dir), ok=False)
+
+
+def test_the_rl_job_runs_its_roles_on_the_het_groups_and_trains(slurm_cluster, sft_folder, tmp_path):
+    run_dir = _submit(sft_folder, tmp_path, ITERATIONS)
+    status = _wait_ended(run_dir, 300)
     logs = run_dir / "submitit"
     job = {j["kind"]: j for j in status["jobs"]}["rl"]
     assert (job["kind"], job["state"]) == ("rl", "COMPLETED"), (status, _tails(logs))
@@ -79,6 +91,48 @@ def test_the_rl_job_runs_its_roles_on_the_het_groups_and_trains(slurm_cluster, s
 
 def _ended(status: dict) -> dict | None:
     return status if status["jobs"] and all(j["state"] not in (*ACTIVE, "UNKNOWN") for j in status["jobs"]) else None
+
+
+def _versions(run_dir: Path) -> list[int]:
+    path = run_dir / "logs" / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def test_usr2_saves_the_actor_requeues_the_het_job_and_it_continues_the_version_counter(slurm_cluster, sft_folder,
+                                                                                      tmp_path):
+    """The time-limit warning (USR2 to every component) once version 2 is out: the actor ranks save (DCP, RNG,
+    the version as the step) and actor rank 0 requeues the whole het job with scontrol; the next start resumes from
+    that version and runs on to rl.iterations: every version logged once, in order, none trained twice."""
+    iterations = 6
+    run_dir = _submit(sft_folder, tmp_path, iterations, "checkpoint.keep_latest_k=10")
+    wait_for(lambda: len(_versions(run_dir)) >= 2, 240, "version 2 of the RL job")
+    job_id = json.loads((run_dir / "run.json").read_text())["jobs"]["rl"]["job_id"]
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, capture_output=True, timeout=30)
+    status = _wait_ended(run_dir, 420)
+    logs = run_dir / "submitit"
+    attempts = [json.loads(line) for line in (run_dir / ATTEMPTS_FILE).read_text().splitlines()]
+    assert [(a["outcome"], a["signal"]) for a in attempts] == [("requeued", "SIGUSR2")], (attempts, _tails(logs))
+    stopped = attempts[0]["step"]
+    assert 2 <= stopped < iterations
+    saved = run_dir / "checkpoints" / f"step-{stopped}"  # at the stop: DCP shards, the version, every rank's RNG
+    assert json.loads((saved / "trainer.json").read_text())["step"] == stopped
+    assert len(list(saved.glob("*.distcp"))) == 2 and len(list((saved / "rng").glob("rank-*.pt"))) == 2
+    result = json.loads((run_dir / "logs" / "train_result.json").read_text())
+    assert (result["status"], result["resumed_from_step"], result["version"]) == ("completed", stopped, iterations)
+    assert _versions(run_dir) == list(range(1, iterations + 1))  # the counter went on: nothing repeated or skipped
+    assert status["state"] == "COMPLETED", (status, _tails(logs))
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    history = client.get_metric_history(status["mlflow_run_id"], "train/rl/version")
+    assert sorted(p.step for p in history) == list(range(1, iterations + 1))  # one MLflow run over both starts
+    # the warning reached the env worker too: it lived on (a USR2 death would be restarted and logged here)
+    env_log = "".join(p.read_text() for p in logs.glob(f"{job_id}_env-*.out"))
+    assert f"exit code {-signal.SIGUSR2}" not in env_log, env_log[-2000:]
+    out = subprocess.run(["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates", f"--jobs={job_id}",
+                          "--format=JobID,State"], check=True, capture_output=True, text=True, timeout=30).stdout
+    assert [line.split("|")[1].split()[0] for line in out.splitlines() if line.split("|")[0] == f"{job_id}+0"] == [
+        "REQUEUED", "COMPLETED"]
 
 
 def _tails(logs: Path) -> str:

@@ -57,8 +57,8 @@ def broken_data_job(rank: int, world_size: int, run_dir: str, fail_rank: int, ho
     cfg = workers.recipe(world_size, steps=4, every_steps=100, export_final=False, num_workers=num_workers)
     data = dataclasses.replace(cfg.data, **options)
     opened = loop._open
-    loop._open = lambda data_cfg, model_cfg: (BrokenDataset(opened(data_cfg, model_cfg), how, run_dir)
-                                             if rank == fail_rank else opened(data_cfg, model_cfg))
+    loop._open = lambda data_cfg, model_cfg, *seed: (BrokenDataset(opened(data_cfg, model_cfg, *seed), how, run_dir)
+                                                    if rank == fail_rank else opened(data_cfg, model_cfg, *seed))
     error, result = None, None
     try:
         result = loop.train(dataclasses.replace(cfg, data=data), resolve(cfg), run_dir=run_dir,

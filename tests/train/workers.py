@@ -88,7 +88,7 @@ def train_job(rank: int, world_size: int, run_dir: str, steps: int, every_steps:
     dist_env = SimpleNamespace(rank=rank, world_size=world_size, local_rank=rank)
     drawn: list[int] = []
     open_dataset = loop._open
-    loop._open = lambda data, model_cfg: RecordingDataset(open_dataset(data, model_cfg), drawn)  # this rank only
+    loop._open = lambda data, model_cfg, *seed: RecordingDataset(open_dataset(data, model_cfg, *seed), drawn)
     sink = RecordingSink()
     result = train(cfg, resolve(cfg), run_dir=run_dir, dist_env=dist_env, device="cpu",
                    config_yaml="model: {size: tiny}\n", extra_sinks=[sink])

@@ -30,6 +30,7 @@ class GrootSample:
     actions: torch.Tensor | None = None  # [H, A]
     action_is_pad: torch.Tensor | None = None  # [H] bool
     num_action_dims: int | None = None
+    embodiment: int | None = None  # its dataset's embodiment id (data.datasets[i].embodiment); None: the collate's
 
 
 @dataclass(frozen=True)
@@ -119,5 +120,6 @@ def collate(samples: list[GrootSample], *, embodiment_id: int) -> GrootBatch:
             action_dim_mask = torch.stack([dims < (s.num_action_dims or actions.shape[-1]) for s in samples])
     return GrootBatch(images=torch.stack([s.images for s in samples]), text_ids=text_ids, text_lengths=lengths,
                       state=torch.stack([s.state for s in samples]).float(),
-                      embodiment=torch.full((len(samples),), embodiment_id, dtype=torch.long), actions=actions,
+                      embodiment=torch.tensor([embodiment_id if s.embodiment is None else s.embodiment
+                                               for s in samples], dtype=torch.long), actions=actions,
                       action_is_pad=action_is_pad, action_dim_mask=action_dim_mask)

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from embodyhpc.data.mixture import DATASET_INDEX_KEY, EMBODIMENT_KEY, normalizer_for
 from embodyhpc.data.packing import first_fit_decreasing
 from embodyhpc.errors import ConfigError
 from embodyhpc.models.groot.batch import GrootBatch, GrootSample, collate
@@ -31,6 +32,21 @@ from embodyhpc.models.groot.build import max_text_tokens, options_of
 from embodyhpc.models.groot.shapes import shape_for
 
 IMAGE_PREFIX = "observation.images."
+EMBODIMENT_NAMES = {"new_embodiment": 31, "gr1": 24, "agibot_genie1": 26, "oxe_droid": 17}
+"""GR00T's names for the embodiment ids a data.datasets entry may give instead of a number 0..31."""
+
+
+def embodiment_id(value: Any, num_embodiments: int = 32, entry: Any = "") -> int:
+    """A data.datasets entry's embodiment (an id 0..31 or one of GR00T's names) as the id; one line if neither."""
+    text = str(value).strip().lower()
+    if text in EMBODIMENT_NAMES:
+        return EMBODIMENT_NAMES[text]
+    if text.isdigit() and int(text) < num_embodiments:
+        return int(text)
+    raise ConfigError(f"embodiment {value!r} is neither an id 0..{num_embodiments - 1} nor one of GR00T's names "
+                      f"({', '.join(f'{k} {v}' for k, v in EMBODIMENT_NAMES.items())})",
+                      key=f"data.datasets[{entry}].embodiment", fix="use new_embodiment (31) for a robot GR00T was not "
+                                                             "pretrained on")
 
 
 def newest(tensor: torch.Tensor, ndim: int) -> torch.Tensor:
@@ -77,12 +93,14 @@ def to_groot_sample(item: Mapping[str, Any], model_cfg: Any, tokenizer: Any, nor
     if key not in item:
         raise ConfigError(f"the dataset has no {key!r} (keys: {', '.join(sorted(item))})", key="model.state_key",
                           fix="name a vector feature of the dataset")
-    state = state_vector(item[key], normalizer, shape.head.max_state_dim, key)
+    state = state_vector(item[key], normalizer_for(normalizer, item), shape.head.max_state_dim, key)
+    embodiment = embodiment_id(item[EMBODIMENT_KEY], shape.head.num_embodiments, item.get(DATASET_INDEX_KEY, "")) \
+        if EMBODIMENT_KEY in item else None
     budget = text_budget if text_budget is not None else max_text_tokens(model_cfg, len(cameras))
     text_ids = list(tokenizer.encode(str(item.get("task", ""))))[:budget]
     actions = item.get("action")
     if actions is None:
-        return GrootSample(images=images, text_ids=text_ids, state=state)
+        return GrootSample(images=images, text_ids=text_ids, state=state, embodiment=embodiment)
     actions = torch.as_tensor(actions).float()
     horizon = model_cfg.action_horizon
     if actions.ndim != 2 or actions.shape[0] != horizon:
@@ -98,7 +116,7 @@ def to_groot_sample(item: Mapping[str, Any], model_cfg: Any, tokenizer: Any, nor
     is_pad = item.get("action_is_pad")
     return GrootSample(images=images, text_ids=text_ids, state=state, actions=actions,
                        action_is_pad=None if is_pad is None else torch.as_tensor(is_pad).bool(),
-                       num_action_dims=num_dims)
+                       num_action_dims=num_dims, embodiment=embodiment)
 
 
 class GrootCollate:

@@ -5,6 +5,16 @@ from __future__ import annotations
 from embodyhpc.errors import ConfigError
 from embodyhpc.models.groot.model import GrootPolicy
 from embodyhpc.models.groot.shapes import shape_for
+from embodyhpc.models.lora import apply_lora
+
+LORA_PRESETS = {
+    # Isaac-GR00T's get_lora_model (action head only, its default): the attention projections of the DiT and of the
+    # VL self-attention in front of it
+    "action_head": ("action_head.*.attn1.to_[qkv]",),
+    # its lora_full_model counterpart on the Eagle LLM: attention and MLP projections
+    "llm": ("backbone.layers.*.self_attn.[qkvo]_proj", "backbone.layers.*.mlp.*_proj"),
+}
+LORA_DEFAULT = ("action_head",)
 
 
 def options_of(model_cfg):
@@ -14,7 +24,8 @@ def options_of(model_cfg):
 
 
 def build_groot(model_cfg, precision_cfg=None) -> GrootPolicy:
-    """A GrootPolicy from the recipe's `model` section (and `precision` for fp8), on the current default device."""
+    """A GrootPolicy from the recipe's `model` section (and `precision` for fp8), on the current default device; with
+    model.lora, frozen with adapters on the targeted Linear layers (models/lora.py)."""
     options = options_of(model_cfg)
     model = GrootPolicy(shape_for(model_cfg.size), action_horizon=model_cfg.action_horizon,
                         action_dim=model_cfg.action_dim, attention_backend=model_cfg.attention_backend,
@@ -23,6 +34,7 @@ def build_groot(model_cfg, precision_cfg=None) -> GrootPolicy:
         from embodyhpc.models.fp8 import convert_to_fp8
 
         convert_to_fp8(model, precision_cfg)
+    apply_lora(model, getattr(model_cfg, "lora", None), LORA_PRESETS, LORA_DEFAULT)
     return model
 
 

@@ -31,6 +31,9 @@ Choices made here, and why:
   (embodyhpc.data.normalize; the loop saves the statistics next to the exported weights for evaluation). With
   model.state_input=prompt it is discretised into the prompt (clamped to [-1, 1]); with expert the model reads the
   vector. Actions are used as stored (MetaWorld's are already in [-1, 1]); action normalisation is not built yet.
+- A mixture's sample (data.datasets: the item has `dataset_index`) is normalised with its own dataset's statistics
+  and its state zero-padded to model.state_dim (openpi pads every robot's state to one width), so robots with
+  different state and action widths share micro-batches; the padded action dims are masked out of the loss.
 - model.packing (the default) packs each micro-batch's samples into rows of model.max_token_len tokens with
   first-fit decreasing (embodyhpc.data.packing) and hands the rows to the model (Pi05Batch.rows), which derives
   segment ids, positions and varlen boundaries from them; every sample fits a row by construction (the prompt
@@ -47,6 +50,7 @@ from typing import Any
 import torch
 
 from embodyhpc.config.schema import ModelConfig
+from embodyhpc.data.mixture import DATASET_INDEX_KEY, normalizer_for
 from embodyhpc.data.packing import first_fit_decreasing
 from embodyhpc.errors import ConfigError
 from embodyhpc.models.pi05.batch import Pi05Batch, Pi05Sample, collate
@@ -86,7 +90,9 @@ def to_pi05_sample(item: Mapping[str, Any], model_cfg: ModelConfig, normalizer: 
                           fix="name a vector feature of the dataset")
     state = _newest(torch.as_tensor(item[key]), image_ndim=1).float()  # [S]
     if normalizer is not None:
-        state = normalizer(state)
+        state = normalizer_for(normalizer, item)(state)  # a mixture's sample: its own dataset's statistics
+    if DATASET_INDEX_KEY in item:  # a mixture's robots differ in state width: zero-pad to the model's (as openpi)
+        state = _pad_state(torch.as_tensor(state), model_cfg, key)
     actions = torch.as_tensor(item[ACTION_KEY]).float()
     horizon = model_cfg.action_horizon
     if actions.ndim != 2 or actions.shape[0] != horizon:
@@ -100,6 +106,17 @@ def to_pi05_sample(item: Mapping[str, Any], model_cfg: ModelConfig, normalizer: 
     return Pi05Sample(images=images, instruction=str(item.get(TASK_KEY, "")), state=state, actions=actions,
                       action_is_pad=None if is_pad is None else torch.as_tensor(is_pad).bool(),
                       num_action_dims=num_dims)
+
+
+def _pad_state(state: torch.Tensor, model_cfg: ModelConfig, key: str) -> torch.Tensor:
+    """A mixture sample's state zero-padded to model.state_dim, so that samples of robots with different state
+    widths stack (the padded dims are 0 after normalisation, in the prompt's bins or the projection's input)."""
+    width = int(getattr(model_cfg, "state_dim", 0) or 0)
+    if state.shape[-1] > width:
+        raise ConfigError(f"a mixture's state {key!r} has {state.shape[-1]} dims, more than model.state_dim={width} "
+                          "that every dataset's state is padded to", key="model.state_dim",
+                          fix=f"set model.state_dim={state.shape[-1]}")
+    return torch.nn.functional.pad(state.float(), (0, width - state.shape[-1]))
 
 
 def _newest(tensor: torch.Tensor, *, image_ndim: int) -> torch.Tensor:

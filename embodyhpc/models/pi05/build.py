@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from embodyhpc.errors import ConfigError
+from embodyhpc.models.lora import apply_lora
 from embodyhpc.models.pi05.model import Pi05Policy
 from embodyhpc.models.pi05.shapes import shape_for
+
+LORA_PRESETS = {
+    # openpi's gemma_2b_lora: the PaliGemma backbone's attention and MLP projections
+    "vlm": ("layers.*.vlm.[qkvo]_proj", "layers.*.vlm.mlp.*_proj"),
+    # openpi's gemma_300m_lora: the action expert's
+    "expert": ("layers.*.expert.[qkvo]_proj", "layers.*.expert.mlp.*_proj"),
+}
+LORA_DEFAULT = ("vlm", "expert")  # openpi's pi0.5 LoRA fine-tuning adapts both
 
 
 def build_pi05(model_cfg, precision_cfg=None) -> Pi05Policy:
     """A Pi05Policy from the recipe's `model` section (and `precision` for fp8), on the current default device:
-    build under `torch.device("meta")` for large sizes, then `to_empty(...)` and `init_weights()`."""
+    build under `torch.device("meta")` for large sizes, then `to_empty(...)` and `init_weights()`. With model.lora,
+    the base is frozen and the targeted Linear layers carry adapters (models/lora.py)."""
     model = Pi05Policy(shape_for(model_cfg.size), action_horizon=model_cfg.action_horizon,
                        action_dim=model_cfg.action_dim, attention_backend=model_cfg.attention_backend,
                        state_dim=model_cfg.state_dim if getattr(model_cfg, "state_input", "prompt") == "expert" else 0)
@@ -17,6 +27,7 @@ def build_pi05(model_cfg, precision_cfg=None) -> Pi05Policy:
         from embodyhpc.models.fp8 import convert_to_fp8
 
         convert_to_fp8(model, precision_cfg)
+    apply_lora(model, getattr(model_cfg, "lora", None), LORA_PRESETS, LORA_DEFAULT)
     return model
 
 
