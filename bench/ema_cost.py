@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-NUM_CAMERAS, ACTION_DIM, HORIZON, DECAY = 2, 8, 8, 0.99
-INSTRUCTIONS = ("pick up the cup", "open the top drawer", "push the red block to the left edge", "close it")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pi05_common import ACTION_DIM, HORIZON, pi05_batches  # noqa: E402
+
+DECAY = 0.99
 GIB = 1024**3
 
 
@@ -56,24 +60,6 @@ def memory(world: int) -> dict[str, int]:
     return shards
 
 
-def _batches(count: int, micro_batch: int) -> list:
-    from embodyhpc.config.schema import ModelConfig
-    from embodyhpc.models import build_tokenizer
-    from embodyhpc.models.pi05 import Pi05Sample, collate, max_prompt_tokens
-
-    cfg = ModelConfig(size="tiny", action_horizon=HORIZON, action_dim=ACTION_DIM, max_token_len=160)
-    tokenizer, max_prompt = build_tokenizer(cfg), max_prompt_tokens(cfg, NUM_CAMERAS)
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for _ in range(count):
-        samples = [Pi05Sample(images=torch.rand(NUM_CAMERAS, 3, 32, 32, generator=g),
-                              instruction=INSTRUCTIONS[int(torch.randint(len(INSTRUCTIONS), (1,), generator=g))],
-                              state=torch.rand(6, generator=g) * 2 - 1,
-                              actions=torch.randn(HORIZON, ACTION_DIM, generator=g)) for _ in range(micro_batch)]
-        out.append(collate(samples, tokenizer, max_prompt_tokens=max_prompt))
-    return out
-
-
 def step_time(steps: int, warmup: int, micro_batch: int) -> None:
     from embodyhpc.config.schema import ModelConfig
     from embodyhpc.models import build_model
@@ -82,11 +68,12 @@ def step_time(steps: int, warmup: int, micro_batch: int) -> None:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = build_model(ModelConfig(size="tiny", action_horizon=HORIZON, action_dim=ACTION_DIM, max_token_len=160))
+    cfg = ModelConfig(size="tiny", action_horizon=HORIZON, action_dim=ACTION_DIM, max_token_len=160)
+    model = build_model(cfg)
     model.train()
     optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.01)
     ema = ParameterEMA(model, DECAY)
-    batches = _batches(8, micro_batch)
+    batches = pi05_batches(cfg, 8, micro_batch)
     done = 0
 
     def step(with_ema: bool) -> float:

@@ -24,12 +24,15 @@ import argparse
 import dataclasses
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-NUM_CAMERAS, ACTION_DIM, HORIZON = 2, 8, 8
-INSTRUCTIONS = ("pick up the cup", "open the top drawer", "push the red block to the left edge", "close it")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pi05_common import ACTION_DIM, HORIZON, pi05_batches  # noqa: E402
+
 GIB = 1024**3
 
 
@@ -63,22 +66,6 @@ def counts(world: int) -> None:
               f"with LoRA; base weights {total * 4 / world / GIB:.2f} GiB per rank either way")
 
 
-def _batches(count: int, micro_batch: int, cfg) -> list:
-    from embodyhpc.models import build_tokenizer
-    from embodyhpc.models.pi05 import Pi05Sample, collate, max_prompt_tokens
-
-    tokenizer, max_prompt = build_tokenizer(cfg), max_prompt_tokens(cfg, NUM_CAMERAS)
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for _ in range(count):
-        samples = [Pi05Sample(images=torch.rand(NUM_CAMERAS, 3, 32, 32, generator=g),
-                              instruction=INSTRUCTIONS[int(torch.randint(len(INSTRUCTIONS), (1,), generator=g))],
-                              state=torch.rand(6, generator=g) * 2 - 1,
-                              actions=torch.randn(HORIZON, ACTION_DIM, generator=g)) for _ in range(micro_batch)]
-        out.append(collate(samples, tokenizer, max_prompt_tokens=max_prompt))
-    return out
-
-
 def step_time(steps: int, warmup: int, micro_batch: int) -> None:
     from embodyhpc.models import build_model
     from embodyhpc.train.optim import build_optimizer
@@ -89,7 +76,7 @@ def step_time(steps: int, warmup: int, micro_batch: int) -> None:
         torch.manual_seed(0)
         model = build_model(cfg).train()
         runs[run] = (model, build_optimizer(model, lr=1e-4, weight_decay=0.01))
-    batches = _batches(8, micro_batch, _configs("pi05", "tiny")[0])
+    batches = pi05_batches(_configs("pi05", "tiny")[0], 8, micro_batch)
     done = 0
 
     def step(run: str) -> float:
