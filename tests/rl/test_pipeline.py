@@ -17,7 +17,7 @@ from embodyhpc.rl.actor import Actor
 from embodyhpc.rl.assembly import Assembler, Window
 from embodyhpc.rl.codec import Codec, episode_end_message, sample_message
 from embodyhpc.rl.endpoints import free_port
-from embodyhpc.rl.rollout import BATCH_MAX_WAIT_S, RolloutSettings, RolloutWorker, batch_ready
+from embodyhpc.rl.rollout import RolloutSettings, RolloutWorker
 from embodyhpc.rl.samples import ChunkSample, EpisodeEnd, StalenessGate, VersionCounter
 from embodyhpc.rl.transport import PeerTimeout, Puller
 from embodyhpc.rl.weight_sync import WeightReceiver, WeightSender, standalone_group, trainable_state
@@ -238,12 +238,3 @@ def test_a_version_logs_the_issue_metrics_with_the_times_the_roles_reported():
     assert metrics["time/rollout_s"] == pytest.approx(8 * 0.5) and metrics["time/env_s"] == pytest.approx(4 * 2.0)
     assert metrics["env/success_once"] == 0.5 and metrics["env/episode_length"] == 3.0
 
-
-def test_async_batches_whichever_envs_are_ready_never_waiting_for_all():
-    """Level 1: half of the running envs waiting make a batch (the rest may be stragglers); fewer wait at most
-    BATCH_MAX_WAIT_S; never is every running env required (the synchronous pipeline's lock-step)."""
-    assert batch_ready(16, running=32, oldest_wait_s=0.0, max_batch=32)
-    assert not batch_ready(15, running=32, oldest_wait_s=0.0, max_batch=32)
-    assert batch_ready(1, running=32, oldest_wait_s=BATCH_MAX_WAIT_S, max_batch=32)  # a straggler's peers go on
-    assert batch_ready(4, running=32, oldest_wait_s=0.0, max_batch=4)  # the cap
-    assert batch_ready(1, running=1, oldest_wait_s=0.0, max_batch=8) and not batch_ready(0, 8, 1.0, 8)
