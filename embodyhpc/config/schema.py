@@ -5,7 +5,9 @@ prints a resolved recipe). Invariants that concern one section live in its `__po
 invariants across sections (world size, batch arithmetic) live in `resolve.py`. Both need nothing above config:
 what only the registries know (a model family's name, options, sizes and keys; suites, their tasks and options;
 reference policies) and what only a dataset knows are checked by embodyhpc/validation, the one step every command
-that loads a recipe goes through.
+that loads a recipe goes through. The larger sections live in files of their own beside this one and are
+re-exported from here: eval_schema (eval), site_schema (site), rl_schema (rl), network (network), lora_schema
+(model.lora), data_mixture (data.datasets).
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from embodyhpc.config import checks, nccl_values
+from embodyhpc.config import checks
 from embodyhpc.config.data_mixture import DatasetEntry, check_sources
+from embodyhpc.config.eval_schema import EvalConfig
 from embodyhpc.config.lora_schema import LoraConfig
 from embodyhpc.config.network import NetworkConfig
 from embodyhpc.config.rl_schema import RLConfig
+from embodyhpc.config.site_schema import SiteConfig
 from embodyhpc.errors import ConfigError
 
 
@@ -373,106 +377,6 @@ class CheckpointConfig:
 
 
 
-MAX_EVAL_SEED = 2**31 - 1
-WEIGHTS_KINDS = ("ema", "raw")
-"""eval.weights_kind's values: the moving average of the weights (train.ema_decay), or the optimizer's own."""
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    enabled: bool = True
-    """Chain an evaluation array job and a report job after training."""
-    suite: str = "metaworld"
-    """Simulator suite: metaworld, pusht, libero, or one a site registers (embodyhpc.eval.suites)."""
-    tasks: list[str] = field(default_factory=lambda: ["reach-v3"])
-    """Tasks of the suite (MetaWorld: names, or MT10 / MT50; LIBERO: libero_spatial, libero_goal/3, ...)."""
-    suite_options: dict[str, Any] = field(default_factory=dict)
-    """Options of the suite's own (LIBERO: convention lerobot|openpi, render_quality exact|fast, video_size)."""
-    seeds: list[int] = field(default_factory=lambda: [0])
-    """Environment seeds; every task runs every seed."""
-    episodes_per_task: int = 10
-    """Episodes per (task, seed)."""
-    shards: int = 4
-    """Array elements the (task, seed, episode) grid is split into."""
-    array_parallelism: int = 8
-    """At most this many shards run at once (sbatch --array=...%N)."""
-    cpus_per_task: int = 1
-    gpus_per_task: int = 0
-    """GPUs per shard, requested in the site's style (site.gpu_request); the trained policy then runs on the
-    shard's GPU in bf16 (0: on the CPU in fp32)."""
-    envs_per_shard: int = 1
-    """Episodes a shard runs at once, each env stepping in its own worker process, the policy acting on all
-    their observations in one batch (embodyhpc.eval.vector); 1: one episode after another in the shard's process."""
-    mem: str = "4G"
-    time: str = "00:30:00"
-    """Time limit per shard."""
-    every_k_checkpoints: int = 0
-    """Also evaluate every k-th periodic checkpoint while training runs (steps that are multiples of k x
-    checkpoint.every_steps, before train.steps), each as its own export -> eval -> report chain under
-    <run>/evals/step-N that never blocks training (embodyhpc/launch/checkpoint_eval.py); 0 = only after training.
-    Policy training only (not data.format: synthetic)."""
-    weights: str | None = None
-    """What to evaluate: an export folder (model.safetensors, config.yaml, export.json), or a run's
-    checkpoints/step-N folder, which an export job writes to <run>/exports/step-N first; default: the run's own
-    export. `embodyhpc eval --ckpt` and evaluations while training set it."""
-    weights_kind: str | None = None
-    """Which weights of a checkpoint the export (and so every evaluation, checkpoint evaluation, LeRobot export and
-    logged model made from it) holds: ema (the moving average of train.ema_decay) or raw (the optimizer's);
-    null = ema when the checkpoint has one, else raw. ema for a checkpoint without one is refused. (Not
-    `eval.weights`: that key names the folder to evaluate.)"""
-    reference_policies: list[str] = field(default_factory=lambda: ["expert", "random"])
-    """Reference rows of every report, run on the same episodes: expert (where the suite has one), random, replay
-    (a dataset's actions played back open-loop, a check of the env conventions: needs
-    eval.suite_options.replay_dataset, a LeRobot dataset; libero takes it)."""
-    execute_steps: int = 5
-    """Actions executed from each predicted chunk before the policy observes again (receding horizon)."""
-    denoise_steps: int = 10
-    """Euler steps of the flow-matching sampler per chunk."""
-    max_steps: int = 0
-    """Step limit per episode; 0 = the suite's own limit per task."""
-    videos_per_task: int = 1
-    """Rollout videos (mp4) recorded for the first episodes of each (task, seed), per policy."""
-    image_size: int = 64
-    """Rendered camera size for policies that did not record one (a trained policy renders what it trained on)."""
-
-    def __post_init__(self) -> None:
-        # the suite, its options and tasks, the reference policies, then the episodes those tasks make for the
-        # shards: validation/registries.py's
-        if not self.tasks:
-            raise ConfigError("needs at least one task", key="eval.tasks")
-        if not self.seeds:
-            raise ConfigError("needs at least one seed", key="eval.seeds")
-        for seed in self.seeds:  # simulators take 32-bit seeds (MetaWorld adds episode // 50 to it)
-            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_EVAL_SEED:
-                raise ConfigError(f"{seed!r} is not a seed from 0 to {MAX_EVAL_SEED}", key="eval.seeds",
-                                  fix="use seeds such as [0, 1, 2]")
-        if len(set(self.seeds)) != len(self.seeds):
-            twice = next(seed for seed in self.seeds if self.seeds.count(seed) > 1)
-            raise ConfigError(f"seed {twice} is listed twice: its episodes would count twice", key="eval.seeds",
-                              fix="list each seed once")
-        for key in ("episodes_per_task", "shards", "array_parallelism", "cpus_per_task", "envs_per_shard"):
-            checks.positive(f"eval.{key}", getattr(self, key))
-        checks.positive("eval.gpus_per_task", self.gpus_per_task, allow_zero=True)
-        if self.envs_per_shard > self.cpus_per_task:  # each env worker steps on a core of its own
-            raise ConfigError(f"{self.envs_per_shard} envs per shard need as many cores, the shard has "
-                              f"{self.cpus_per_task}", key="eval.envs_per_shard", related=("eval.cpus_per_task",),
-                              fix=f"set eval.cpus_per_task={self.envs_per_shard + 1} (a core per env and one for "
-                                  "the policy) or fewer envs")
-        checks.positive("eval.every_k_checkpoints", self.every_k_checkpoints, allow_zero=True)
-        if self.weights_kind is not None:
-            checks.choice("eval.weights_kind", self.weights_kind, WEIGHTS_KINDS)
-        for key in ("execute_steps", "denoise_steps", "image_size"):
-            checks.positive(f"eval.{key}", getattr(self, key))
-        for key in ("max_steps", "videos_per_task"):
-            checks.positive(f"eval.{key}", getattr(self, key), allow_zero=True)
-        if "replay" in self.reference_policies and not self.suite_options.get("replay_dataset"):
-            raise ConfigError("the replay row plays a dataset's actions back and none is given",
-                              key="eval.reference_policies", related=("eval.suite_options.replay_dataset",),
-                              fix="set eval.suite_options.replay_dataset=/path/to/lerobot_dataset, or drop replay")
-        checks.slurm_mem("eval.mem", self.mem)
-        checks.slurm_time_minutes("eval.time", self.time)
-
-
 TRACKING_BACKENDS = ("mlflow", "wandb")
 WANDB_MODES = ("offline", "online")
 
@@ -512,70 +416,6 @@ class TrackingConfig:
             value = getattr(self, key)
             if value is not None:
                 checks.path_name(f"tracking.{key}", value)
-
-
-@dataclass(frozen=True)
-class ContainerConfig:
-    image: str | None = None
-    """pyxis/enroot image (srun --container-image); unset = run on the host."""
-    mounts: list[str] = field(default_factory=list)
-    """srun --container-mounts entries, SRC:DST[:FLAGS]."""
-    workdir: str | None = None
-    """srun --container-workdir."""
-    extra_args: list[str] = field(default_factory=list)
-    """Further srun arguments for the container (each one argument, quoted when rendered)."""
-
-
-@dataclass(frozen=True)
-class SiteConfig:
-    name: str = "none"
-    """Site profile name (informational)."""
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    """sbatch --constraint, e.g. a GPU model feature."""
-    exclusive: bool = False
-    """Whole nodes for training (sbatch --exclusive)."""
-    gpu_request: str = "gpus-per-node"
-    """How GPUs are requested: gpus-per-node, gres (--gres=gpu:N) or none."""
-    modules: list[str] = field(default_factory=list)
-    """Environment modules loaded before the job runs (module load ...)."""
-    container: ContainerConfig = field(default_factory=ContainerConfig)
-    env: dict[str, str] = field(default_factory=dict)
-    """Extra environment variables exported in every job."""
-    python: str | None = None
-    """Python on the compute nodes; default: `python3` inside a container (site.container.image), else the
-    interpreter that runs embodyhpc submit. Like templates_dir, container, modules, env and secrets, it chooses
-    what code runs, so only a site profile may set it (not a recipe or a key=value override)."""
-    templates_dir: str | None = None
-    """Folder of admin-adapted sbatch templates that replace the shipped ones (same names). Templates render in
-    Jinja's sandbox and include others by bare file name from this folder or the shipped ones."""
-    extra_sbatch: dict[str, str] = field(default_factory=dict)
-    """Further #SBATCH options for every job, e.g. {reservation: myres}. Options embodyhpc sets itself (output,
-    signal, array, job-name, dependency, exclude, ...) are refused: a second #SBATCH line would silently win."""
-    exclude: list[str] = field(default_factory=list)
-    """Nodes no job of the chain may run on (sbatch --exclude), one node name or hostlist range per entry, e.g.
-    [n3, gpu-[07-08]]: the nodes a site knows are bad. `embodyhpc resume RUN --exclude NODES` adds to it for one
-    run (the node a preflight failed on prints that command)."""
-    het_jobs: bool = True
-    """Whether the cluster runs heterogeneous jobs (`#SBATCH hetjob` groups and one srun step over them). An RL
-    run is one: a group each for actor, rollout and env, each with its own resources (rl.resources). false: one
-    allocation instead, with nodes = the groups' nodes summed, every node sized for the largest group, and a
-    role per rank in group order, for sites that disable heterogeneous jobs or steps."""
-    secrets: list[str] = field(default_factory=list)
-    """Environment variables that hold secrets (e.g. [HF_TOKEN, WANDB_API_KEY]): jobs inherit them from the
-    environment `embodyhpc submit` runs in (sbatch exports it); their values are never written to resolved.yaml,
-    MLflow, logs or scripts. `submit` warns about one that is not set."""
-
-    def __post_init__(self) -> None:
-        checks.choice("site.gpu_request", self.gpu_request, ("gpus-per-node", "gres", "none"))
-        checks.env_names("site.env", dict(self.env))
-        checks.srun_exports("site.container.extra_args", list(self.container.extra_args))
-        checks.env_names("site.secrets", {name: "" for name in self.secrets})
-        nccl_values.check_environment(dict(self.env), lambda name: f"site.env.{name}")
-        checks.sbatch_options("site.extra_sbatch", dict(self.extra_sbatch))
-        checks.node_names("site.exclude", list(self.exclude))
 
 
 @dataclass(frozen=True)
