@@ -34,12 +34,9 @@ Verify modes (`verify=`, `staging.verify`, `embodyhpc stage --verify`):
 
 from __future__ import annotations
 
-import errno
 import gc
 import os
 import shutil
-import stat
-import sys
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -47,7 +44,16 @@ from pathlib import Path
 
 from embodyhpc.staging import manifest as manifest_module
 from embodyhpc.staging import transfer
-from embodyhpc.staging.errors import NotEnoughSpaceError, StageInputError, StagingError
+from embodyhpc.staging.dest import (  # noqa: F401  (SPACE_MARGIN_*: hw/preflight reads them from here)
+    SPACE_MARGIN_BYTES,
+    SPACE_MARGIN_FRACTION,
+    check_free_space,
+    check_paths,
+    make_dest,
+    on_local_filesystem,
+    undo_unstaged_dest,
+)
+from embodyhpc.staging.errors import StageInputError, StagingError
 from embodyhpc.staging.lock import LOCK_NAME, LockReplacedError, dest_lock
 from embodyhpc.staging.manifest import (
     CONTROL_PREFIX,
@@ -64,14 +70,10 @@ from embodyhpc.staging.manifest import (
 from embodyhpc.staging.progress import Progress, format_bytes, format_rate
 from embodyhpc.staging.transfer import Chunk, Copied, WholeFiles, make_tasks, run_tasks
 from embodyhpc.staging.tree import Plan, SourceFile, make_plan, refuse_unstaged_removals, scan_dest, scan_source
-from embodyhpc.staging.verify import TASKS_PER_WORKER, damaged_error, verify_files
+from embodyhpc.staging.verify import TASKS_PER_WORKER, damaged_error, print_stderr, verify_files
 
 MANIFEST_FLUSH_INTERVAL_S = 2.0
 """At most this much finished copying is redone after a kill (the manifest cost is ~10 ms per 10k files)."""
-SPACE_MARGIN_BYTES = 256 * 1024 * 1024
-"""Left free beyond what the copy needs: other jobs and logs share node-local disks."""
-SPACE_MARGIN_FRACTION = 0.02
-_ALLOCATION_BYTES = 4096  # files occupy whole filesystem blocks
 RACY_NS = 20_000_000
 """A manifest is written at least this long after the newest ctime it records. Timestamps come from a coarse
 kernel clock (one tick: up to 10 ms); were a staged file changed in the tick its signature was taken in, its
@@ -87,6 +89,9 @@ open and stat waits on a server, and all workers overlap those waits."""
 VERIFY_MODES = ("quick", "full", "none")
 _VERIFY_ALIASES = {"true": "quick", "yes": "quick", "on": "quick", "1": "quick",
                    "false": "none", "no": "none", "off": "none", "0": "none"}
+
+_LOCK_ATTEMPTS = 5
+"""A run waiting on the lock retries when the run before it removed the folder it was waiting in."""
 
 
 def verify_mode(verify: bool | str) -> str:
@@ -150,7 +155,7 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, workers: int = 8, 
     """
     start = time.monotonic()
     mode = verify_mode(verify)
-    src_path, dest_path = _check_paths(src, dest)
+    src_path, dest_path = check_paths(src, dest)
     if workers < 1:
         raise StageInputError(f"workers must be at least 1, got {workers}", key="staging.copy_workers",
                               fix="use 8 or more on a parallel filesystem")
@@ -158,17 +163,17 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, workers: int = 8, 
     gc.disable()  # tens of thousands of small records and no cycles: collections would only cost time
     try:
         for attempt in range(_LOCK_ATTEMPTS):
-            created = _make_dest(dest_path)
+            created = make_dest(dest_path)
             lock_was_there = (dest_path / LOCK_NAME).exists()
             try:
-                with dest_lock(dest_path, exclusive=True, announce=_print_stderr if progress else None):
+                with dest_lock(dest_path, exclusive=True, announce=print_stderr if progress else None):
                     try:
                         with ThreadPoolExecutor(workers, thread_name_prefix="embodyhpc-stage") as pool, \
                                 ThreadPoolExecutor(1, thread_name_prefix="embodyhpc-stage-small") as serial:
                             result = _StageRun(str(src_path), str(dest_path), pool, workers, progress,
                                                serial).run(mode, start)
                     except BaseException:
-                        _undo_unstaged_dest(dest_path, created=created, lock_was_there=lock_was_there)
+                        undo_unstaged_dest(dest_path, created=created, lock_was_there=lock_was_there)
                         raise
                 break
             except LockReplacedError:
@@ -178,7 +183,7 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, workers: int = 8, 
         if gc_was_enabled:
             gc.enable()
     if progress and summary:
-        _print_stderr(result.summary())
+        print_stderr(result.summary())
     return result
 
 
@@ -396,117 +401,3 @@ class _StageRun:
         write_manifest(Path(self.dest), self.manifest)
         self._flushed_at = time.monotonic()
 
-
-def on_local_filesystem(path: str) -> bool:
-    """`path` is on a filesystem whose opens and reads never wait on a server (embodyhpc.mounts' "local" kind).
-
-    A network filesystem can answer stats from its client's attribute cache yet still send every open to a metadata
-    server (NFS close-to-open, Lustre), so fast stats alone do not make a source local. An unknown mount is not local.
-    """
-    from embodyhpc.mounts import mount_for, read_mounts
-
-    try:
-        mount = mount_for(path, read_mounts())
-    except OSError:
-        return False
-    return mount is not None and mount.kind == "local"
-
-
-def check_free_space(dest: str, plan: Plan) -> None:
-    """Refuse, before copying anything, when DEST's filesystem cannot hold what is left to copy plus a margin.
-
-    Space of files to delete counts as available; space of files being replaced does not (old and new copy
-    coexist until the rename), which errs on the safe side.
-    """
-    if not plan.to_copy:
-        return
-    allocated = sum(-(-f.size // _ALLOCATION_BYTES) * _ALLOCATION_BYTES for f in plan.to_copy)
-    needed = allocated + SPACE_MARGIN_BYTES + int(SPACE_MARGIN_FRACTION * allocated)
-    available = shutil.disk_usage(dest).free + plan.bytes_freed
-    if needed > available:
-        raise NotEnoughSpaceError(
-            f"not enough free space: {format_bytes(needed)} needed ({format_bytes(plan.num_bytes_to_copy)} to copy "
-            f"in {len(plan.to_copy)} files, plus a margin of {format_bytes(needed - allocated)}), "
-            f"{format_bytes(available)} available; nothing was copied", where=dest,
-            fix="free space on that filesystem or stage to a bigger one (staging.nvme_dir)")
-
-
-_LOCK_ATTEMPTS = 5
-"""A run waiting on the lock retries when the run before it removed the folder it was waiting in."""
-
-
-def _make_dest(dest: Path) -> list[Path]:
-    """Create DEST and its missing parents; the folders this call created, DEST first (empty: DEST was there)."""
-    missing = []
-    for folder in (dest, *dest.parents):
-        if os.path.exists(folder):  # never raises (Path.exists does, for a folder we may not enter)
-            break
-        missing.append(folder)
-    try:
-        dest.mkdir(parents=True)
-    except FileExistsError:
-        return []  # another run made it in the meantime: it is theirs
-    except OSError as exc:  # a path that cannot be a folder is bad input (exit 2, as `data synth --out` says)
-        error = StageInputError if exc.errno in _BAD_PATH_ERRNOS else StagingError
-        raise error(f"cannot create the destination folder ({exc.strerror})", where=str(dest),
-                    fix="pick a writable node-local folder (staging.nvme_dir)") from exc
-    return missing
-
-
-# a path that can never be a folder: the argument is wrong; other errors (EIO, ENOSPC, ...) are failures (exit 1)
-_BAD_PATH_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EROFS})
-
-
-def _undo_unstaged_dest(dest: Path, *, created: list[Path], lock_was_there: bool) -> None:
-    """After a run that failed before recording anything (no manifest): leave DEST as it was found.
-
-    A folder this run created goes (with the lock file and any partial copy in it), and so do the parents it
-    created while they are empty, so a refused source leaves no empty destination behind; in a folder that was
-    there, only a lock file this run created goes. Called with the lock held: a run waiting on it notices the lock
-    file is gone (LockReplacedError) and starts over. Once a manifest exists the folder is a resumable staged copy
-    and stays."""
-    if manifest_path(dest).exists():
-        return
-    try:
-        if created:
-            shutil.rmtree(dest)
-            for parent in created[1:]:
-                parent.rmdir()  # only while empty: another run may be using it by now
-        elif not lock_was_there:
-            (dest / LOCK_NAME).unlink(missing_ok=True)
-    except OSError:
-        pass  # best effort: the error that brought us here is the one to report
-
-
-def _check_paths(src: str | os.PathLike, dest: str | os.PathLike) -> tuple[Path, Path]:
-    src_path = Path(os.path.realpath(src))
-    dest_path = Path(os.path.realpath(dest))
-    src_stat = _stat_argument(src_path, src, "the dataset folder to stage", "check the path (data.root in the recipe)")
-    if src_stat is None:
-        raise StageInputError("the dataset folder to stage does not exist", where=str(src),
-                              fix="check the path (data.root in the recipe)")
-    if not stat.S_ISDIR(src_stat.st_mode):
-        raise StageInputError("staging copies a dataset folder, and this is a file", where=str(src),
-                              fix="stage the folder that holds it")
-    dest_stat = _stat_argument(dest_path, dest, "the destination", "pick a writable node-local folder "
-                               "(staging.nvme_dir)")
-    if dest_stat is not None and not stat.S_ISDIR(dest_stat.st_mode):
-        raise StageInputError("the destination is a file", where=str(dest), fix="give a folder path")
-    if dest_path == src_path or dest_path.is_relative_to(src_path) or src_path.is_relative_to(dest_path):
-        raise StageInputError(f"source {src_path} and destination {dest_path} overlap",
-                              fix="stage into a folder outside the dataset (staging.nvme_dir)")
-    return src_path, dest_path
-
-
-def _stat_argument(path: Path, given: str | os.PathLike, what: str, fix: str) -> os.stat_result | None:
-    """os.stat of SRC or DEST, None when it is not there; a path the filesystem refuses is a StageInputError."""
-    try:
-        return os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        raise StageInputError(f"cannot use {what}: {exc.strerror or exc}", where=str(given), fix=fix) from None
-
-
-def _print_stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)

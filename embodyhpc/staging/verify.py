@@ -45,7 +45,7 @@ def verify_staged(dest: str | os.PathLike, *, src: str | os.PathLike | None = No
     if not dest_path.is_dir():
         raise StagedDataError("no staged copy here: the folder does not exist", where=str(dest_path),
                               fix="stage the dataset first: embodyhpc stage SRC DEST")
-    announce = _print_stderr if progress else None
+    announce = print_stderr if progress else None
     with dest_lock(dest_path, exclusive=False, announce=announce):
         manifest = load_manifest(dest_path)
         if manifest is None:
@@ -145,5 +145,5 @@ def damaged_error(dest: str, problems: list[tuple[str, str]], fix: str) -> Stage
                            f"{shown}{more}", problems=problems, where=dest, fix=fix)
 
 
-def _print_stderr(text: str) -> None:
+def print_stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
