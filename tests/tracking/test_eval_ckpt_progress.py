@@ -70,11 +70,13 @@ def test_progress_counts_the_episodes_the_shards_recorded(tmp_path, monkeypatch)
         path.write_text("".join(json.dumps({"episode": e}) + "\n" for e in range(episodes)))
 
     with eval_view.EpisodeProgress(config, show, poll_s=0.01) as watch:
-        watch.started(run)
+        # the event is cleared before each change: the watcher may show the line before this thread waits for it
         for step, (policy, index, episodes) in enumerate([(None, 0, 0), ("trained", 0, 6), ("random", 1, 6)]):
+            seen.clear()
             if policy:
                 shard(policy, index, episodes)
-            seen.clear()
+            else:
+                watch.started(run)
             assert seen.wait(30), (step, shown)
     assert shown == ["eval: 0/24 episodes done", "eval: 6/24 episodes done", "eval: 12/24 episodes done"]
 
