@@ -48,7 +48,7 @@ class MixtureDataset(Dataset):
     """Members drawn by weight: index g is the global draw position (see the module doc), len() one epoch of them."""
 
     def __init__(self, members: Sequence[Dataset], weights: Sequence[float], *, seed: int,
-                 embodiments: Sequence[str | None] | None = None) -> None:
+                 embodiments: Sequence[str | None] | None = None, identities: Sequence[str] | None = None) -> None:
         if not members or len(members) != len(weights):
             raise ValueError("need one weight per member dataset, and at least one member")
         self.members = list(members)
@@ -65,6 +65,7 @@ class MixtureDataset(Dataset):
         self.seed = seed
         self.embodiments = list(embodiments) if embodiments is not None else [None] * len(self.members)
         self.epoch_length = int(sum(self.sizes))
+        self.identities = list(identities) if identities is not None else None  # what each member holds (a digest)
 
     def __len__(self) -> int:
         return self.epoch_length
@@ -130,8 +131,13 @@ class MixtureDataset(Dataset):
         return sum(float(getattr(m, "decode_seconds", 0.0)) for m in self.members)
 
     def fingerprint(self) -> dict[str, Any]:
-        """What must match for a resumed run to continue the same stream."""
-        return {"sizes": list(self.sizes), "weights": list(self.weights)}
+        """What must match for a resumed run to continue the same stream: each member's frames and weight, and
+        (when known: data/mixture_open.py dataset_identity) a digest of what it holds, not where it is (a staged copy
+        of a dataset is the same dataset; another dataset of the same length is not)."""
+        body: dict[str, Any] = {"sizes": list(self.sizes), "weights": list(self.weights)}
+        if self.identities is not None:
+            body["datasets"] = list(self.identities)
+        return body
 
 
 class MixtureSampler(StepSampler):
@@ -155,13 +161,34 @@ class MixtureSampler(StepSampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         state = dict(state)
-        saved = state.pop("mixture", None)
-        if saved != self.mixture:
-            raise DatasetError(
-                f"the checkpoint's data mixture is {saved!r}, this run's {self.mixture!r}: every draw position would "
-                "hold another sample", fix="resume with the checkpointed run's data.datasets (roots and weights), "
-                                           "or start a new run")
+        differs = mixture_difference(state.pop("mixture", None), self.mixture)
+        if differs is not None:
+            raise DatasetError(f"the checkpoint's data mixture differs from this run's: {differs}; every draw "
+                               "position would hold another sample",
+                               fix="resume with the checkpointed run's data.datasets (roots and weights), "
+                                   "or start a new run")
         super().load_state_dict(state)
+
+
+def mixture_difference(saved: Any, now: dict[str, Any]) -> str | None:
+    """The first difference between a checkpoint's mixture fingerprint and this run's, in words (None: the same). A
+    checkpoint without dataset digests (written before they were kept) is compared on sizes and weights."""
+    if not isinstance(saved, dict):
+        return f"the checkpoint holds no mixture ({saved!r})"
+    if len(saved.get("sizes", ())) != len(now["sizes"]):
+        return f"{len(saved.get('sizes', ()))} datasets in the checkpoint, {len(now['sizes'])} now"
+    names = {"sizes": "frame count", "weights": "weight", "datasets": "content digest"}
+    for key, what in names.items():
+        if key not in saved and key == "datasets":
+            continue
+        for i, (old, new) in enumerate(zip(saved.get(key) or (), now.get(key) or (), strict=False)):
+            if old != new:
+                if key == "datasets":
+                    old, new = str(old)[:12], str(new)[:12]
+                return f"data.datasets[{i}]'s {what} was {old}, is {new}"
+        if key in saved and key not in now:
+            return "the checkpoint names each dataset's content, this run does not"
+    return None
 
 
 def mixture_order(dataset: MixtureDataset, sampler: StepSampler) -> Iterator[tuple[int, int]]:

@@ -2,14 +2,21 @@
 beside the checkpoints that keeps every dataset's statistics.
 
 Statistics. Each dataset's samples are normalised with that dataset's own meta/stats.json (meta/episodes_stats.jsonl
-for LeRobot v2.1), whatever model.norm_stats says: a mixture joins robots whose states have different ranges, and one
-robot's numbers applied to another's state would feed the policy garbage. Evaluation and export read one set, the
+for LeRobot v2.1), not model.norm_stats (a file or `init` there is refused at validate): a mixture joins robots
+whose states have different ranges, and one robot's numbers applied to another's state would feed the policy
+garbage. Evaluation and export read one set, the
 entry marked `eval: true` (else the first): it is saved as normalization.json as for a single dataset, and all of
-them in DATASETS_NORM_FILE.
+them in DATASETS_NORM_FILE, with a digest of what each dataset holds (`dataset_identity`).
+
+Resume. A resumed run keeps the statistics it trained with: the run's own DATASETS_NORM_FILE (`run_normalizer`), not
+the datasets' files read again, and a run whose datasets no longer are the checkpointed ones (another dataset at an
+entry, another weight) is refused in one line before anything beside the checkpoints is rewritten; the sampler's
+state in each checkpoint holds the same digests (data/mixture.py MixtureSampler).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -18,6 +25,7 @@ from typing import Any
 
 from embodyhpc.config.data_mixture import eval_index
 from embodyhpc.config.schema import DataConfig
+from embodyhpc.data.errors import DatasetError
 from embodyhpc.data.mixture import MixtureDataset, MixtureNormalizer
 from embodyhpc.data.normalize import StateNormalizer
 
@@ -39,7 +47,29 @@ def open_mixture(data: DataConfig, *, seed: int, open_one: Callable[..., Any] | 
     entries = data.datasets or []
     members = [open_one(entry.root, entry_delta_timestamps(data, i)) for i, entry in enumerate(entries)]
     return MixtureDataset(members, [entry.weight for entry in entries], seed=seed,
-                          embodiments=[entry.embodiment for entry in entries])
+                          embodiments=[entry.embodiment for entry in entries],
+                          identities=[dataset_identity(entry.root) for entry in entries])
+
+
+def dataset_identity(root: str | os.PathLike) -> str:
+    """A sha256 (hex) of what a dataset holds, not of where it is: every file under its meta/ folder (LeRobot's
+    info, statistics, episodes and tasks; relative path and content), or for a single-file dataset (HDF5) its size
+    and first and last MiB. A staged copy has the identity of its source (staging's own control files are outside
+    meta/); another dataset, even one of the same length, has another."""
+    path = Path(root)
+    digest = hashlib.sha256()
+    if path.is_file():
+        size = path.stat().st_size
+        digest.update(f"{size}\0".encode())
+        with path.open("rb") as f:
+            digest.update(f.read(1 << 20))
+            f.seek(max(0, size - (1 << 20)))
+            digest.update(f.read(1 << 20))
+        return digest.hexdigest()
+    for file in sorted(p for p in (path / "meta").rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(path).as_posix()}\0{file.stat().st_size}\0".encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
 
 
 def mixture_normalizer(data: DataConfig, key: str, mode: str) -> MixtureNormalizer:
@@ -49,11 +79,33 @@ def mixture_normalizer(data: DataConfig, key: str, mode: str) -> MixtureNormaliz
                              eval_index(entries))
 
 
+def run_normalizer(data: DataConfig, model_cfg: Any, run_checkpoints: str | os.PathLike) -> MixtureNormalizer:
+    """The statistics (of model_cfg.state_key, by model_cfg.state_norm) a mixture run trains with: on resume
+    (DATASETS_NORM_FILE in `run_checkpoints`) the run's own, after checking that each entry is still the dataset they
+    were computed from (one-line DatasetError otherwise); on a fresh run, each dataset's own (`mixture_normalizer`)."""
+    path = Path(run_checkpoints) / DATASETS_NORM_FILE
+    if not path.is_file():
+        return mixture_normalizer(data, model_cfg.state_key, model_cfg.state_norm)
+    saved = json.loads(path.read_text())["datasets"]
+    entries = data.datasets or []
+    if len(saved) != len(entries):
+        raise DatasetError(f"the run trained on {len(saved)} datasets (data.datasets), this recipe lists "
+                           f"{len(entries)}", where=str(path), fix="resume with the run's data.datasets, or start a "
+                                                                   "new run")
+    for i, (old, entry) in enumerate(zip(saved, entries, strict=True)):
+        if old.get("identity") not in (None, dataset_identity(entry.root)):
+            raise DatasetError(f"data.datasets[{i}] ({entry.root}) is not the dataset the run trained on "
+                               f"({old.get('root')}): its metadata differ", where=str(path),
+                               fix="resume with the run's data.datasets, or start a new run")
+    return read_dataset_stats(run_checkpoints)
+
+
 def save_dataset_stats(folder: str | os.PathLike, normalizer: MixtureNormalizer, roots: list[str]) -> Path:
-    """DATASETS_NORM_FILE in `folder`: {eval_index, datasets: [{root, key, mode, offset, scale}, ...]}."""
+    """DATASETS_NORM_FILE in `folder`: {eval_index, datasets: [{root, identity, key, mode, offset, scale}, ...]}."""
     body = normalizer.to_dict()
     for entry, root in zip(body["datasets"], roots, strict=True):
         entry["root"] = root
+        entry["identity"] = dataset_identity(root)
     path = Path(folder) / DATASETS_NORM_FILE
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(body, indent=2) + "\n")

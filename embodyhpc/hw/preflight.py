@@ -8,8 +8,9 @@ instead of hanging in NCCL or dying hours later. What it judges:
 - GPUs: present, as many as `resources.gpus_per_node` (when > 0), none lost, no uncorrected volatile ECC
   errors, no pending page retirement or row remapping, fewer retired pages than NVIDIA's replacement limit;
 - RDMA: the profile's HCAs (`network.hcas`) ACTIVE, with the right link layer and RoCE v2 GID entry;
-- staging: the node-local NVMe folder has room for what is left to copy of the dataset, when that is
-  known (a scan of `data.root` that stops after SCAN_BUDGET_S / SCAN_MAX_ENTRIES);
+- staging: the node-local NVMe folder has room for what is left to copy of the dataset (data.root, or every
+  dataset of a mixture, data.datasets), when that is known (scans that stop after SCAN_BUDGET_S in all /
+  SCAN_MAX_ENTRIES each);
 - checkpoints: the checkpoint folder accepts a file from this node.
 
 Left out on purpose (the doctor still reports them): the NVMe write-speed probe, the torch/NCCL version
@@ -99,9 +100,9 @@ def preflight(resources: ResourcesConfig, network: NetworkConfig, staging: Stagi
               run_dir: str | os.PathLike | None = None) -> PreflightResult:
     """Check this node for the job; write `<logs_dir>/preflight-<node>.json` when `logs_dir` is given.
 
-    `dataset_bytes` overrides the scan of `data.root` (when staging is on). `gpu_backend` defaults to NVML
-    (NoGpuBackend without a driver). Raises NodeUnhealthy when a check failed, unless `raise_on_failure`
-    is False; warnings never fail a node.
+    `dataset_bytes` overrides the scans of the datasets (data.root or data.datasets) when staging is on.
+    `gpu_backend` defaults to NVML (NoGpuBackend without a driver). Raises NodeUnhealthy when a check failed, unless
+    `raise_on_failure` is False; warnings never fail a node.
     """
     start = time.perf_counter()
     result = PreflightResult(node=node, checks=[])
@@ -190,29 +191,45 @@ def _check_staging(staging: StagingConfig, data: DataConfig, dataset_bytes: int 
 
 
 def _bytes_to_stage(nvme: Path, data: DataConfig, dataset_bytes: int | None, extra: dict[str, Any]) -> int | None:
-    """Bytes staging still has to write (the dataset minus what an earlier run already staged), plus the margin
-    `stage()` keeps free; None when the dataset's size is not known cheaply."""
+    """Bytes staging still has to write (every dataset it stages, data.root or each root of data.datasets, minus what
+    an earlier run already staged of it), plus the margin `stage()` keeps free; None when a size is not known
+    cheaply (the scans share one budget). `dataset_bytes` stands for the scans: the size of them all."""
     from embodyhpc.staging import load_manifest, node_local_path
     from embodyhpc.staging.stage import SPACE_MARGIN_BYTES, SPACE_MARGIN_FRACTION
 
+    roots = [] if data.format == "synthetic" else [e.root for e in data.datasets] if data.datasets else \
+        [data.root] if data.root else []
     if dataset_bytes is None:
-        if data.format == "synthetic" or not data.root:
+        if not roots:
             extra["dataset_scan"] = "synthetic data"
             return None
-        dataset_bytes, extra["dataset_scan"] = scan_size(Path(data.root))
-        if dataset_bytes is None:
-            return None
-    staged = 0
-    if data.root:
-        try:
-            manifest = load_manifest(node_local_path(nvme, data.root))
-        except Exception:  # an unreadable manifest means staging copies everything again
-            manifest = None
-        staged = sum(e.size for e in manifest.files.values()) if manifest else 0
-    to_copy = max(0, dataset_bytes - staged)
+        sizes, scans, deadline = [], [], time.perf_counter() + SCAN_BUDGET_S
+        for root in roots:
+            size, why = scan_size(Path(root), budget_s=max(0.0, deadline - time.perf_counter()))
+            scans.append(why)
+            if size is None:
+                extra["dataset_scan"] = why
+                return None
+            sizes.append(size)
+        extra["dataset_scan"] = "; ".join(scans)
+        dataset_bytes = sum(sizes)
+        staged = [_staged_bytes(load_manifest, node_local_path(nvme, root)) for root in roots]
+        to_copy = sum(max(0, size - done) for size, done in zip(sizes, staged, strict=True))  # each dataset's rest
+    else:
+        staged = [_staged_bytes(load_manifest, node_local_path(nvme, root)) for root in roots]
+        to_copy = max(0, dataset_bytes - sum(staged))
     allocated = -(-to_copy // ALLOCATION_BYTES) * ALLOCATION_BYTES
-    extra.update(dataset_bytes=dataset_bytes, staged_bytes=staged)
+    extra.update(dataset_bytes=dataset_bytes, staged_bytes=sum(staged))
     return 0 if not to_copy else allocated + SPACE_MARGIN_BYTES + int(SPACE_MARGIN_FRACTION * allocated)
+
+
+def _staged_bytes(load_manifest: Any, dest: Path) -> int:
+    """What an earlier run already staged at `dest` (its manifest's files); 0 when there is no readable manifest."""
+    try:
+        manifest = load_manifest(dest)
+    except Exception:  # an unreadable manifest means staging copies everything again
+        return 0
+    return sum(e.size for e in manifest.files.values()) if manifest else 0
 
 
 def scan_size(root: Path, *, budget_s: float = SCAN_BUDGET_S,

@@ -58,7 +58,7 @@ from embodyhpc.config.resolve import Resolved
 from embodyhpc.config.schema import Config, DataConfig, ModelConfig, PrecisionConfig, TrainConfig
 from embodyhpc.data import open_dataset
 from embodyhpc.data.loader import build_dataloader
-from embodyhpc.data.mixture_open import entry_delta_timestamps, mixture_normalizer, open_mixture, save_dataset_stats
+from embodyhpc.data.mixture_open import entry_delta_timestamps, open_mixture, run_normalizer, save_dataset_stats
 from embodyhpc.data.normalize import StateNormalizer
 from embodyhpc.errors import ConfigError
 from embodyhpc.models import build_model, build_tokenizer, model_spec
@@ -179,10 +179,13 @@ class TrainRun:
         _seed_rank_streams(config.train.seed + dist_env.rank)
         # statistics and tokenizer: the run's own (resume), the recipe's, or what model.init_weights carries
         data_root = _eval_root(config.data)  # a mixture's (data.datasets): the evaluation entry's
-        model_cfg, normalizer, tokenizer_source = _policy_inputs(config.model, data_root,
-                                                                 self.run_dir / CHECKPOINTS_DIR, self.is_rank0)
-        if config.data.datasets:  # each dataset's samples normalised with its own statistics (data/mixture_open.py)
-            normalizer = mixture_normalizer(config.data, model_cfg.state_key, model_cfg.state_norm)
+        # a mixture normalises with each dataset's own statistics (below), never model.init_weights' set
+        asked = dataclasses.replace(config.model, norm_stats="dataset") if config.data.datasets else config.model
+        model_cfg, normalizer, tokenizer_source = _policy_inputs(asked, data_root, self.run_dir / CHECKPOINTS_DIR,
+                                                                 self.is_rank0)
+        model_cfg = dataclasses.replace(model_cfg, norm_stats=config.model.norm_stats)
+        if config.data.datasets:  # each dataset's own statistics; the run's on resume (data/mixture_open.py)
+            normalizer = run_normalizer(config.data, model_cfg, self.run_dir / CHECKPOINTS_DIR)
         self.config = dataclasses.replace(config, model=model_cfg)
         self._build_data(normalizer)
         self.ckpt = Checkpointer(self.run_dir / CHECKPOINTS_DIR, config.checkpoint, seed=config.train.seed,

@@ -32,9 +32,12 @@ def _layer(where: Where, key: str) -> str | None:
     return found
 
 
-def check_recipe_data(cfg: Any, where: Where, *, dataset_visible: bool) -> list[str]:
+def check_recipe_data(cfg: Any, where: Where, *, dataset_visible: bool, facts: Any = None,
+                      model_facts: Any = None) -> list[str]:
     """Errors (ConfigError naming the key and the layer that set it) and warnings for a policy-training recipe;
-    nothing for the synthetic stand-in. `dataset_visible`: data.root exists on this machine (validation/paths.py)."""
+    nothing for the synthetic stand-in. `dataset_visible`: data.root exists on this machine (validation/paths.py).
+    `facts`: data.root's, when the caller read them; `model_facts`: what the model's own fit is given instead (a
+    mixture's entry: validation/mixture_checks.py EntryFacts)."""
     if cfg.data.format == "synthetic" or not cfg.data.root:
         return []
     _check_action_chunk(cfg, where)
@@ -43,7 +46,7 @@ def check_recipe_data(cfg: Any, where: Where, *, dataset_visible: bool) -> list[
     from embodyhpc.data.facts import dataset_facts
 
     try:
-        facts = dataset_facts(cfg.data.root)
+        facts = facts if facts is not None else dataset_facts(cfg.data.root)
     except UserError as exc:  # a DatasetError: the file and what is wrong with it
         raise ConfigError(exc.one_line(), key="data.root", where=where("data.root")) from None
     _check_delta_timestamps(cfg, facts, where)
@@ -54,7 +57,7 @@ def check_recipe_data(cfg: Any, where: Where, *, dataset_visible: bool) -> list[
         raise ConfigError(f"the dataset has no {cfg.model.state_key!r} (its vector features: {', '.join(vectors)})",
                           key="model.state_key", where=where("model.state_key"),
                           fix="name a vector feature of the dataset")
-    return warnings + _model_fit(cfg, facts, where)
+    return warnings + _model_fit(cfg, model_facts if model_facts is not None else facts, where)
 
 
 def _action_offsets_fix(horizon: int, fps: float | None) -> str:

@@ -10,19 +10,37 @@ on its frame grid and within its episodes, model.state_key present, the model fa
   out of the loss); a wider one is refused (pi0.5 alone would trim it, and a trimmed dim is never learned);
 - state dims: each entry's at most model.state_dim where the family reads that key (pi0.5 pads every robot's state
   to it); GR00T pads to its state encoder's 64 (its own check);
+- model.norm_stats: not a file nor `init` (one set of statistics; each entry is normalised with its own);
 - fps: entries may differ, as long as each one's offsets are whole frames of its own fps (entry-level check above;
   the fix names the entry's own delta_timestamps). Different rates are reported as a warning: one chunk of offsets
   in seconds spans a different number of frames on each.
+The model family's own fit (its spec's check_dataset) is given the entry's facts as EntryFacts: which entry, its
+embodiment (GR00T refuses a name it does not know here, not at the first batch) and the width its state is
+zero-padded to (pi0.5 writes model.state_dim state bins into a prompt, not the dataset's width).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embodyhpc.data.facts import DatasetFacts
 from embodyhpc.errors import ConfigError, UserError
 from embodyhpc.validation.data_checks import Where, check_recipe_data
+
+
+@dataclass(frozen=True)
+class EntryFacts(DatasetFacts):
+    """A mixture entry's dataset facts, as its model family's check_dataset sees them."""
+
+    entry: int = 0
+    """Its index in data.datasets (errors name data.datasets[entry].*)."""
+    embodiment: str | None = None
+    """data.datasets[entry].embodiment as the recipe gives it (None: unset)."""
+    state_padded_to: int | None = None
+    """The width every sample's state is zero-padded to in a mixture (model.state_dim, for a family that reads it)."""
 
 
 def check_mixture(cfg: Any, where: Where) -> list[str]:
@@ -33,28 +51,38 @@ def check_mixture(cfg: Any, where: Where) -> list[str]:
     from embodyhpc.data.facts import dataset_facts
     from embodyhpc.models.spec import model_spec
 
+    if cfg.model.norm_stats not in ("auto", "dataset"):  # a file or init's: single-dataset settings (paths.py)
+        raise ConfigError(f"model.norm_stats={cfg.model.norm_stats} names one set of statistics, and a mixture "
+                          "normalises each dataset with its own (data/mixture_open.py): it would not be read",
+                          key="model.norm_stats", related=("data.datasets",), where=where("model.norm_stats"),
+                          fix="remove model.norm_stats (or set model.norm_stats=dataset)")
     warnings: list[str] = []
     seen: list[tuple[int, Any]] = []
+    spec = model_spec(cfg.model.name)
     for i, entry in enumerate(entries):
         name = f"data.datasets[{i}] ({entry.root})"
         if not Path(entry.root).expanduser().exists():
             warnings.append(f"{name}: not visible from this machine; the job checks it on the cluster")
             continue
+        try:
+            facts = dataset_facts(entry.root)
+        except UserError as exc:
+            raise ConfigError(f"{name}: {exc.one_line()}", key=f"data.datasets[{i}].root") from None
+        fields = {f.name: getattr(facts, f.name) for f in dataclasses.fields(facts)}
+        padded = cfg.model.state_dim if "state_dim" in spec.keys else None
+        own = EntryFacts(**fields, entry=i, embodiment=entry.embodiment, state_padded_to=padded)
         offsets = entry.delta_timestamps if entry.delta_timestamps is not None else cfg.data.delta_timestamps
         single = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, datasets=None, root=entry.root,
                                                                    delta_timestamps=offsets))
         try:
-            warnings += [f"{name}: {w}" for w in check_recipe_data(single, where, dataset_visible=True)]
+            warnings += [f"{name}: {w}" for w in check_recipe_data(single, where, dataset_visible=True, facts=facts,
+                                                                   model_facts=own)]
         except ConfigError as exc:
             raise ConfigError(f"{name}: {exc.message}", key=_entry_key(exc.key, i, entry), related=exc.related,
                               where=exc.where, fix=exc.fix) from None
-        try:
-            seen.append((i, dataset_facts(entry.root)))
-        except UserError as exc:
-            raise ConfigError(f"{name}: {exc.one_line()}", key=f"data.datasets[{i}].root") from None
+        seen.append((i, facts))
     if not seen:
         return warnings
-    spec = model_spec(cfg.model.name)
     first_i, first = seen[0]
     for i, facts in seen:
         name = f"data.datasets[{i}] ({entries[i].root})"

@@ -19,6 +19,11 @@ def check_rl(config: Config) -> None:
                           related=("rl.enabled",),
                           fix="set model.init_weights=/path/to/export (a supervised policy: an embodyhpc export "
                               "or published pi0.5 weights)")
+    if config.data.datasets:
+        raise ConfigError("RL reads one dataset, for the statistics that normalise the policy's states, and this "
+                          "recipe names a mixture (data.datasets)", key="data.datasets", related=("rl.enabled",),
+                          fix="set data.root to the mixture's evaluation entry (the statistics its export holds) "
+                              "and data.datasets=null")
     both = sorted(set(rl.train_seeds) & set(config.eval.seeds))
     if both:
         raise ConfigError(f"seed(s) {', '.join(map(str, both))} in both rl.train_seeds and eval.seeds: the "

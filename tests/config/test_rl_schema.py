@@ -118,6 +118,9 @@ def test_groups_resolve_tasks_per_node_from_the_role_counts():
 
 
 # ---- across sections (validation/rl_checks.py): only for an RL recipe ----
+MIXTURE = ["data.format=lerobot", "data.root=null", "data.datasets=[{root: /d/a}, {root: /d/b}]"]
+
+
 @pytest.mark.parametrize("overrides, key, fix", [
     (["rl.train_seeds=[0, 7]"], "rl.train_seeds", "rl.train_seeds=[1]"),  # eval.seeds is [0]: not held out
     (["model.init_weights=null"], "model.init_weights", "model.init_weights=/path/to/export"),
@@ -126,12 +129,14 @@ def test_groups_resolve_tasks_per_node_from_the_role_counts():
     (["rl.actor_ranks=32", "rl.micro_batch_size=1", "rl.async=true"], "train.global_batch_size", "multiple of 32"),
     (["eval.every_k_checkpoints=1"], "eval.every_k_checkpoints", "eval.every_k_checkpoints=0"),
     (["eval.tasks=[reach-v9]"], "eval.tasks", "reach-v3"),  # where RL trains: the suite's tasks
+    (MIXTURE, "data.datasets", "data.datasets=null"),  # RL's statistics are one dataset's
 ])
 def test_an_rl_recipe_is_checked_across_its_sections(overrides, key, fix):
     err = refused([*RL_ON, *overrides])
     assert err.key == key and fix in (err.fix or ""), err.one_line()
     if key != "eval.tasks":
-        assert load_recipe(BASE, overrides[:1] if key != "model.init_weights" else []), "only when rl.enabled"
+        alone = {"model.init_weights": [], "data.datasets": MIXTURE}.get(key, overrides[:1])
+        assert load_recipe(BASE, alone), "only when rl.enabled"
     if key == "train.global_batch_size":  # synchronous: a version is a round of episodes, the batch is not read
         assert load_recipe(BASE, [*RL_ON, *overrides[:-1]]).config.rl.async_ is False
 

@@ -250,3 +250,37 @@ def test_every_dataset_is_staged(robots, tmp_path, monkeypatch):
             if path.is_file():
                 assert (Path(entry.root) / path.relative_to(source)).read_bytes() == path.read_bytes()
     assert [e.weight for e in staged.datasets] == [3, 1]
+
+
+def test_a_checkpointed_mixture_is_its_datasets_content_not_their_paths(robots, tmp_path):
+    import shutil
+
+    from embodyhpc.data.mixture_open import run_normalizer
+
+    data = mixture_config(robots)
+    saved = MixtureSampler(open_mixture(data, seed=0, open_one=pyav), rank=0, world_size=1, seed=0).state_dict()
+    save_dataset_stats(tmp_path, mixture_normalizer(data, "observation.state", "mean_std"),
+                       [e.root for e in data.datasets])
+    model = ModelConfig(name="groot", size="tiny", state_norm="mean_std")
+
+    def resumed(root_b):
+        entries = [data.datasets[0], type(data.datasets[1])(**{**data.datasets[1].__dict__, "root": str(root_b)})]
+        other = DataConfig(**{**data.__dict__, "datasets": entries})
+        MixtureSampler(open_mixture(other, seed=0, open_one=pyav), rank=0, world_size=1, seed=0).load_state_dict(saved)
+        return run_normalizer(other, model, tmp_path)
+
+    # a copy elsewhere (as staging makes one, with its own control file beside the data) is the same dataset
+    copy = tmp_path / "staged-b"
+    shutil.copytree(robots["b"], copy)
+    (copy / ".embodyhpc-stage.json").write_text("{}")
+    assert resumed(copy).normalizers[1].offset == read_dataset_stats(tmp_path).normalizers[1].offset
+    # the same frames with other metadata (another recording of the same length) is not: one line naming the entry
+    stats = json.loads((copy / "meta" / "stats.json").read_text())
+    stats["observation.state"]["mean"][0] += 1.0
+    (copy / "meta" / "stats.json").write_text(json.dumps(stats))
+    with pytest.raises(DatasetError) as info:
+        resumed(copy)
+    assert "data.datasets[1]'s content digest" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(DatasetError, match=r"data.datasets\[1\].*not the dataset the run trained on"):
+        run_normalizer(DataConfig(**{**data.__dict__, "datasets": [data.datasets[0], type(data.datasets[1])(
+            **{**data.datasets[1].__dict__, "root": str(copy)})]}), model, tmp_path)

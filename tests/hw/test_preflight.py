@@ -181,3 +181,30 @@ def test_job_hook_runs_on_local_rank_zero_only(tmp_path):
     off = Config(resources=ResourcesConfig(preflight=False))
     assert run_preflight_for_job(tmp_path, off, local_rank=0, node="n2") is None
     assert not (tmp_path / "logs" / "preflight-n2.json").exists()
+
+
+def test_staging_room_counts_every_dataset_of_a_mixture(node, tmp_path, monkeypatch):
+    import os
+    import shutil
+    from collections import namedtuple
+
+    from embodyhpc.config.coerce import build
+
+    run, sysfs, logs = node
+    fs.ndr_ib_node(sysfs)
+    sizes = {"a": 300_000, "b": 5_000_000}
+    for name, size in sizes.items():
+        (tmp_path / name / "data").mkdir(parents=True)
+        (tmp_path / name / "data" / "file-000.parquet").write_bytes(b"x" * size)
+    total = sum(os.path.getsize(p) for name in sizes for p in (tmp_path / name).rglob("*") if p.is_file())
+    allocated = -(-total // 4096) * 4096
+    needed = allocated + 256 * 1024 * 1024 + int(0.02 * allocated)  # staging's margin: 256 MiB and 2 %
+    data = build(DataConfig, {"format": "lerobot", "datasets": [{"root": str(tmp_path / "a"), "weight": 3},
+                                                                {"root": str(tmp_path / "b")}]}, "data.")
+    usage = namedtuple("usage", "total used free")
+    for free, fails in ((needed - 1, True), (needed, False)):
+        monkeypatch.setattr(shutil, "disk_usage", lambda path, free=free: usage(10 * needed, 0, free))
+        result = run(data=data, raise_on_failure=False)
+        assert _report(logs)["dataset_bytes"] == total == 5_300_000
+        nvme = [c for c in result.checks if c.name == "nvme"][0]
+        assert (nvme.status is Status.FAIL) is fails, nvme.reason

@@ -3,7 +3,9 @@ DataLoader worker, refused before the job is submitted.
 
 - at least one camera, and an instruction budget (model.max_token_len after every camera's image tokens;
   build.max_text_tokens) of at least 8 tokens; a longer task is cut (a warning names the longest);
-- a state no wider than the state encoder reads (64 dims), an action no wider than model.action_dim.
+- a state no wider than the state encoder reads (64 dims), an action no wider than model.action_dim;
+- a mixture's entry (validation/mixture_checks.py EntryFacts): its embodiment is an id 0..31 or one of GR00T's
+  names (batching.py embodiment_id), refused here rather than at the first batch.
 Imports torch (the builders do): it runs only when the dataset is on this machine.
 """
 
@@ -20,6 +22,11 @@ def check_dataset(model_cfg: Any, facts: Any) -> list[str]:
     from embodyhpc.models.groot.shapes import shape_for
 
     warnings: list[str] = []
+    if getattr(facts, "embodiment", None) is not None:
+        from embodyhpc.models.groot import NUM_EMBODIMENTS
+        from embodyhpc.models.groot.batching import embodiment_id
+
+        embodiment_id(facts.embodiment, NUM_EMBODIMENTS, entry=getattr(facts, "entry", ""))
     cameras = len(facts.cameras)
     if cameras == 0:
         raise ConfigError(f"the dataset at {facts.root} has no camera (observation.images.*): GR00T reads at least "

@@ -5,7 +5,8 @@ DataLoader worker, refused before the job is submitted.
   build.max_prompt_tokens) of at least 8 tokens;
 - with model.state_input=prompt, the prompt without its instruction ("Task: , State: <bins>;\\nAction: ", every
   state dimension written as the widest bin number, 255) fits the budget, or every sample would fail; a task whose
-  prompt does not fit is cut at its end (a warning names the longest);
+  prompt does not fit is cut at its end (a warning names the longest). A mixture's entry (facts.state_padded_to,
+  validation/mixture_checks.py) writes its state zero-padded to model.state_dim: those are the bins counted;
 - with model.state_input=expert, the dataset's state is no wider than model.state_dim (the projection's input);
 - more action dimensions than model.action_dim are trimmed (a warning, as in training).
 Imports torch (the tokenizer module does): it runs only when the dataset is on this machine.
@@ -34,9 +35,10 @@ def check_dataset(model_cfg: Any, facts: Any) -> list[str]:
                           "one", key="data.root", fix="train on a dataset with camera features")
     budget = max_prompt_tokens(model_cfg, cameras)
     state_dims = math.prod(facts.features.get(model_cfg.state_key, ())) or 0
+    padded = max(state_dims, getattr(facts, "state_padded_to", None) or 0)  # a mixture's: batching.py _pad_state
     if model_cfg.state_input == "prompt":
         tokenizer = build_pi05_tokenizer(model_cfg)
-        state = torch.full((state_dims,), _WIDEST_BIN)
+        state = torch.full((padded,), _WIDEST_BIN)
 
         def prompt_tokens(task: str) -> int:
             return len(encode_prompt(tokenizer, task, state, max_tokens=1 << 30))
@@ -44,12 +46,15 @@ def check_dataset(model_cfg: Any, facts: Any) -> list[str]:
         fixed = prompt_tokens("")
         if fixed > budget:
             need = model_cfg.max_token_len + fixed - budget
-            raise ConfigError(f"the prompt without its instruction takes up to {fixed} tokens (the {state_dims}-dim "
-                              f"state {model_cfg.state_key!r} written into it, model.state_input=prompt), but "
+            mixed = "" if padded == state_dims else \
+                f", its {state_dims} dims zero-padded to model.state_dim={padded} as every dataset's of a mixture"
+            raise ConfigError(f"the prompt without its instruction takes up to {fixed} tokens (the {padded}-dim "
+                              f"state {model_cfg.state_key!r} written into it{mixed}, model.state_input=prompt), but "
                               f"max_token_len={model_cfg.max_token_len} leaves {budget} after {cameras} camera(s) and "
                               f"{model_cfg.action_horizon} actions: every sample would fail",
                               key="model.max_token_len", related=("model.state_input",),
-                              fix=f"set model.max_token_len={need} or more (or model.state_input=expert)")
+                              fix=f"set model.max_token_len={need} or more (or model.state_input=expert"
+                                  + (", or a smaller model.state_dim)" if mixed else ")"))
         if facts.tasks:
             longest = max(facts.tasks, key=prompt_tokens)
             length = prompt_tokens(longest)
