@@ -19,7 +19,10 @@ x env/episodes, training seeds) with a 95% Wilson interval per arm, the same num
 asynchronous versions sized like the synchronous rounds (--async-batch: train.global_batch_size 256 chunk samples,
 where a round of 32 episodes trains about 250-350; the recipe's 64 would make async versions four times smaller
 steps, and success per version incomparable); the speed-up counts when the arms' intervals overlap.
---eval-episodes N adds the held-out evaluation of each final policy (eval.seeds [100]).
+--eval-episodes N adds the held-out evaluation of each final policy (eval.seeds [100]): the same goals, episodes
+and number of versions per arm, compared by their 95% Wilson intervals (equal final success = overlapping
+intervals). --per-version prints each run's versions: samples admitted / rejected as stale, staleness mean / max,
+the importance weights and their capped share, the success of the episodes that ended.
 
 Goal (issue 31): async >= 1.5x sync with a straggler and >= 1.2x without, at equal final success. On 2 cores the
 roles (2 env workers, 1 rollout worker, 1 actor rank) share the cores, so overlap can only hide waiting, not add
@@ -115,6 +118,22 @@ def run_case(out: Path, *, init: Path, demos: Path, is_async: bool, straggler: f
     return row
 
 
+def per_version(run_dir: Path) -> list[str]:
+    """One line per version of a run: samples admitted / rejected as stale, staleness mean / max, the importance
+    weights (GRPO: truncated IS; PPO: the behaviour weight) and their capped share, success of the episodes ended."""
+    lines = []
+    for line in (Path(run_dir) / "logs" / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        weight = m.get("loss/is_weight_mean", m.get("loss/behav_weight_mean", float("nan")))
+        capped = m.get("loss/truncated_fraction", m.get("loss/behav_capped_fraction", float("nan")))
+        success = f"{m['env/success_once']:.2f} of {m['env/episodes']:.0f}" if m.get("env/episodes") else "-"
+        stale = f"{m.get('rl/staleness_mean', 0):.2f}/{m.get('rl/staleness_max', 0):.0f}"
+        lines.append(f"  v{m['step']:<3} admitted {m.get('rl/admitted', 0):>4.0f} rejected "
+                     f"{m.get('rl/rejected_stale', 0):>4.0f} staleness {stale} trained {m.get('rl/samples', 0):>4.0f}"
+                     f" IS weight {weight:.3f} capped {capped:.3f} success {success}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--init-weights", type=Path, help="an SFT export folder (default: build one)")
@@ -128,6 +147,8 @@ def main() -> None:
                              "round of 32 episodes trains about 250-350")
     parser.add_argument("--repeats", type=int, default=1, help="sync/async pairs per setting (interleaved)")
     parser.add_argument("--workdir", type=Path, help="keep the runs here (default: a temp dir)")
+    parser.add_argument("--per-version", action="store_true", help="print each run's versions (admission, "
+                        "staleness, importance weights, success)")
     args = parser.parse_args()
     if (args.init_weights is None) != (args.data is None):
         parser.error("--init-weights and --data go together")
@@ -147,6 +168,8 @@ def main() -> None:
                                args=args)
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "run_dir"}), flush=True)
+                if args.per_version:
+                    print("\n".join(per_version(Path(row["run_dir"]))), flush=True)
     print(f"\n{'case':<24} {'env steps/s':>11} {'samples/s':>9} {'trained/s':>9} {'wall s':>6}  "
           f"{'final success [95% Wilson]':<28} stale max  load (1 min, before/after)")
     for row in rows:
@@ -174,6 +197,13 @@ def main() -> None:
         print(f"{'with' if straggler else 'without'} straggler: final success (last {FINAL_VERSIONS} versions) sync "
               f"{[f'{f[0]}/{f[1]}' for f in finals[False]]} vs async {[f'{f[0]}/{f[1]}' for f in finals[True]]}: "
               f"Wilson intervals {'overlap (equal within noise)' if overlap else 'DO NOT overlap'}")
+        held = {a: [r["eval"] for r in pick if r["async"] is a and "eval" in r] for a in (False, True)}
+        if held[False] and held[True]:  # the same held-out goals, episodes and number of versions per arm
+            same = all(ea[2] <= es[3] and es[2] <= ea[3] for es in held[False] for ea in held[True])
+            print(f"{'with' if straggler else 'without'} straggler: held-out success sync "
+                  f"{[f'{e[0]}/{e[1]} [{e[2]:.2f}, {e[3]:.2f}]' for e in held[False]]} vs async "
+                  f"{[f'{e[0]}/{e[1]} [{e[2]:.2f}, {e[3]:.2f}]' for e in held[True]]}: Wilson intervals "
+                  f"{'overlap (equal within noise)' if same else 'DO NOT overlap'}")
     print(f"uptime at the end: {uptime()}")
     print(f"runs: {work}")
 

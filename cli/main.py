@@ -19,12 +19,15 @@ from typing import Annotated
 
 import typer
 
+from .completion import CompletionGroup
 from .data import data_app
 from .options import AsJson, Overrides, Recipe, RunDir, RunsRoot, Site
 
 # -h as well as --help (sub-commands inherit it); a help screen wide enough that option help is not squeezed
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
-app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+# cls: `--show-completion bash` / `--install-completion bash` use the shell they name (cli/completion.py)
+app = typer.Typer(cls=CompletionGroup, no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   context_settings=CONTEXT, help="Robot-policy training recipes to results on Slurm.\n\n"
                   "A RECIPE is a YAML file or a shipped recipe's name (`embodyhpc recipes list`); OVERRIDES are "
                   "key=value, applied last, e.g. train.steps=100 resources.nodes=2. A RUN is a run folder, a run "

@@ -64,17 +64,40 @@ def test_version(cli):
         assert result.code == 0 and result.out == f"embodyhpc {version('embodyhpc')}\n"
 
 
+def _under_fish(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`embodyhpc ARGS` as a child of a process named fish: the nearest shell among its parents is fish whatever
+    runs the tests (a terminal, xdist's workers, make), so a named shell must win over the detected one."""
+    return subprocess.run(["bash", "-c", 'exec -a fish bash -c \'"$@"; exit $?\' fish "$@"', "-", EXE, *args],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
 def test_shell_completion_installs_and_completes(tmp_path):
-    script = subprocess.run([EXE, "--show-completion", "bash"], capture_output=True, text=True, timeout=60)
-    assert script.returncode == 0 and "_embodyhpc_completion" in script.stdout
+    """--show-completion / --install-completion take the shell they name (Typer's flags ignored `bash`, printed
+    the detected shell's script, and failed with "Shell  not supported." where no shell was among the parents)."""
+    script = _under_fish("--show-completion", "bash")
+    assert script.returncode == 0, script.stderr
+    assert "_embodyhpc_completion()" in script.stdout and "complete -o default -F" in script.stdout  # bash's
     env = {**os.environ, "_EMBODYHPC_COMPLETE": "complete_bash", "COMP_WORDS": "embodyhpc sta", "COMP_CWORD": "1"}
     words = subprocess.run([EXE], capture_output=True, text=True, env=env, timeout=60).stdout.split()
     assert words == ["status", "stage"]
-    home = {**os.environ, "HOME": str(tmp_path), "SHELL": "/bin/bash"}
-    installed = subprocess.run([EXE, "--install-completion", "bash"], capture_output=True, text=True, env=home,
-                               timeout=60)
+    installed = _under_fish("--install-completion", "bash", env={**os.environ, "HOME": str(tmp_path)})
     assert installed.returncode == 0, installed.stderr
-    assert "embodyhpc" in (tmp_path / ".bashrc").read_text()
+    assert "embodyhpc" in (tmp_path / ".bashrc").read_text() and not (tmp_path / ".config").exists()
+
+
+def test_completion_without_a_named_shell_detects_then_reads_shell_else_says_how(cli, monkeypatch):
+    from embodyhpc.cli import completion
+
+    monkeypatch.setattr(completion, "_detected", lambda: None)  # no shell among the parents
+    monkeypatch.setenv("SHELL", "/usr/bin/zsh")
+    zsh = cli("--show-completion")
+    assert zsh.code == 0 and zsh.out.startswith("#compdef ")  # zsh's script (in-process: another prog name)
+    monkeypatch.delenv("SHELL")
+    one_line_error(cli("--show-completion"), "--show-completion", "cannot tell which shell",
+                   "name it, e.g. --show-completion bash")
+    one_line_error(cli("--install-completion", "tcsh"), "shell 'tcsh' has no completion")
+    monkeypatch.setattr(completion, "_detected", lambda: "fish")
+    assert cli("--show-completion").out.startswith("complete --command ")  # fish's
 
 
 HINT = "overrides are key=value, e.g. train.steps=100"

@@ -12,12 +12,17 @@ Versions: the version is the number of optimizer steps (a resume continues from 
 mode: one round of rl.episodes_per_iteration episodes, all produced by the current version, is one optimizer step
 over all its chunk samples (micro-batches of rl.micro_batch_size per rank, gradients accumulated). Asynchronous
 mode: samples are admitted as their groups finish, and a step is taken once train.global_batch_size of them are
-in (`_batch_due`: or fewer, when a policy that succeeds almost everywhere makes them rare), then the weights go out.
+in (`_batch_due`: or fewer, when a policy that succeeds almost everywhere makes them rare) over every group admitted
+so far (whole groups: none is cut between two versions, none carried into a later version's step), then the
+weights go out.
 GRPO leaves out the samples of a group whose rewards are all equal: their advantage is 0, they add nothing to the
 gradient, and counted in the mean they would only shrink the step (counted: rl/zero_advantage_samples).
 
-Admission: a sample reaches a loss only through the StalenessGate (at most rl.max_staleness versions old), checked
-when its micro-batch is formed. The loss mask counts the executed actions (the first rl.execute_steps of a chunk)
+Admission: a sample reaches a loss only through the StalenessGate (at most rl.max_staleness versions old), a group
+(GRPO; an episode for PPO) whole or not at all (`StalenessGate.admit_group`, by its oldest sample) when it
+completes, and trained in the version it was admitted in. Per-sample admission biased GRPO: the members of a group
+whose samples are oldest when it completes are those that ended first, the successes, so the failures' negative
+advantages were trained without them. The loss mask counts the executed actions (the first rl.execute_steps of a chunk)
 on the robot's real action dims: the rest of a chunk never reaches the simulator and carries no reward signal.
 Losses: GRPO sync: PPO's clipped ratio against the behaviour log-probability; GRPO async: truncated importance
 weights (rl.behav_cap); PPO: GAE advantages from the critic (embodyhpc.rl.critic) with the clipped ratio (sync) or
@@ -64,6 +69,8 @@ PULL_BATCH = 256
 ZERO_ADVANTAGE = 1e-6
 FLAT_BATCHES, FLAT_BATCHES_MAX = 4, 16  # see Actor._batch_due
 STOP_POLL_S = 1.0  # rank 0 looks at the stop signal at least this often while it waits for samples
+KEEPALIVE_S = 10.0  # ... and tells the other actor ranks it is alive at least this often (or rl.peer_timeout_s / 4)
+KEEPALIVE = "alive"
 
 
 @dataclass
@@ -88,7 +95,9 @@ class Actor:
         materialize(self.model, device, seed=config.train.seed)
         self.optimizer = build_optimizer(self.model, lr=config.train.lr, weight_decay=config.train.weight_decay)
         torch.manual_seed(config.train.seed + self.rank)
-        self.group = cpu_group()
+        # the stream's decisions and the stop agreement travel here; with NCCL a gloo side group, which waits as
+        # long as the actor's world does (pipeline: max(rl.peer_timeout_s, 60 s)), not cpu_group's default 300 s
+        self.group = cpu_group(max(self.rl.peer_timeout_s, 60.0))
         self.ckpt = Checkpointer(self.run_dir / CHECKPOINTS_DIR, config.checkpoint, seed=config.train.seed,
                                  device=device, on_complete=on_checkpoint)
         self.normalizer, self.side_files = self._policy_inputs()
@@ -104,7 +113,10 @@ class Actor:
                                                   execute_steps=self.rl.execute_steps,
                                                   denoise_steps=self.rl.denoise_steps,
                                                   num_action_dims=self.action_dims)
-        self.model.train()  # the runner put it in eval mode
+        # eval mode, not train: the actor scores the rollouts' chunks with the policy that sampled them, and dropout
+        # (GR00T's action head: 0.2 at full size; a LoRA adapter's) would make every score a random mask's, never
+        # the behaviour policy's (an on-policy ratio of 1). Gradients flow in eval mode.
+        self.model.eval()
         self.gate = StalenessGate(self.rl.max_staleness)
         self.critic = None
         if self.rl.algorithm == "ppo":
@@ -260,13 +272,22 @@ class Actor:
         """Rank 0 pulls until it can say what every rank trains next, and broadcasts it: ("micro", samples) (async:
         a micro-batch's worth of every rank admitted), ("step", samples) (the last ones of the step: a whole round
         in sync mode, the rest of train.global_batch_size in async mode), or the name of a stop signal that arrived
-        meanwhile (waiting for samples may take longer than the signal's warning)."""
+        meanwhile (waiting for samples may take longer than the signal's warning).
+
+        The other ranks wait in the broadcast meanwhile, each wait bounded by the group's timeout; a round may take
+        longer than that while the rollouts are alive (a synchronous round is a whole rl.episodes_per_iteration of
+        episodes), so rank 0 sends them a keep-alive (KEEPALIVE) every min(KEEPALIVE_S, rl.peer_timeout_s / 4)
+        seconds: a wait on a live rank 0 never times out, a dead or stuck one still ends theirs."""
         box: list[Any] = [None]
         if self.rank == 0:
             target = self.config.train.global_batch_size
             per_micro = self.rl.micro_batch_size * self.world
-            self._last_heard = time.monotonic()
+            self._last_heard = told = time.monotonic()
+            keepalive_s = min(KEEPALIVE_S, self.rl.peer_timeout_s / 4)
             while True:
+                if self.world > 1 and time.monotonic() - told >= keepalive_s:
+                    dist.broadcast_object_list([KEEPALIVE], src=0, group=self.group)
+                    told = time.monotonic()
                 received = stop.received if stop is not None else None
                 if received is not None:
                     box[0] = received.name
@@ -275,8 +296,7 @@ class Actor:
                     ready.extend(self._admit(group, window))
                 if self.rl.async_:
                     if self._batch_due(consumed + len(ready), window.zero_advantage, target):
-                        take = max(target - consumed, 0)
-                        box[0], ready[:] = ("step", ready[:take]), ready[take:]
+                        box[0], ready[:] = ("step", list(ready)), []  # every admitted group, whole
                         break
                     if len(ready) >= per_micro:
                         box[0], ready[:] = ("micro", ready[:per_micro]), ready[per_micro:]
@@ -288,8 +308,12 @@ class Actor:
                 for message in self._pull(puller):
                     assembler.take(message)
                 window.times["wait_s"] += time.perf_counter() - waited
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
+            dist.broadcast_object_list(box, src=0, group=self.group)
+            return box[0]
+        while True:  # the other ranks: rank 0's keep-alives, then what to train
+            dist.broadcast_object_list(box, src=0, group=self.group)
+            if box[0] != KEEPALIVE:
+                return box[0]
 
     @staticmethod
     def _batch_due(informative: int, flat: int, target: int) -> bool:
@@ -314,7 +338,7 @@ class Actor:
         return messages
 
     def _admit(self, group: list[Episode], window: Window) -> list[tuple[ChunkSample, float]]:
-        """The group's samples that pass the staleness gate, each with its advantage."""
+        """The group's samples, each with its advantage, if the group passes the staleness gate whole."""
         rewards = torch.tensor([float(e.end.success) for e in group])
         window.add_episodes(group)
         if self.rl.algorithm == "grpo":
@@ -322,11 +346,11 @@ class Actor:
             per_sample = [[a] * len(e.samples) for a, e in zip(adv, group, strict=True)]
         else:
             per_sample = [self._gae(e) for e in group]
-        out = []
+        out: list[tuple[ChunkSample, float]] = []
+        if not self.gate.admit_group([s.version for e in group for s in e.samples.values()], self.version.value):
+            return out
         for episode, advs in zip(group, per_sample, strict=True):
             for (_, sample), a in zip(sorted(episode.samples.items()), advs, strict=True):
-                if not self.gate.admit(sample.version, self.version.value):
-                    continue
                 if self.rl.algorithm == "grpo" and abs(a) < ZERO_ADVANTAGE:
                     window.zero_advantage += 1  # a group of equal rewards: no gradient, and it would dilute the mean
                     continue
@@ -366,6 +390,8 @@ class Actor:
             stats = self._micro_batch(mine or chunk[:1], weight if mine else 0.0)
             window.add_loss(stats, len(mine))
         window.samples += len(items)
+        if self.critic is not None and self.rank == 0:
+            window.add_values([s for s, _ in items])
 
     def _step(self, window: Window, consumed: int) -> None:
         """Clip, optimizer step (the policy's and the critic's). Async: gradients were scaled for

@@ -8,7 +8,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from embodyhpc.rl.codec import episode_end_from, sample_from
+from embodyhpc.rl.critic import explained_variance
 from embodyhpc.rl.samples import ChunkSample, EpisodeEnd
 
 
@@ -75,6 +78,7 @@ class Window:
         self.lengths = 0
         self.samples = 0
         self.zero_advantage = 0
+        self.value_pairs: list[tuple[float, float]] = []  # PPO: (return, value the advantage used) per trained sample
         self.loss: dict[str, float] = {}
         self._loss_sums: dict[str, float] = defaultdict(float)
         self._loss_n = 0
@@ -96,6 +100,10 @@ class Window:
                 self._loss_sums[key] += value * n
             self._loss_n += n
 
+    def add_values(self, samples: list[ChunkSample]) -> None:
+        """PPO: the GAE return and the critic's value (before this step's update) of each sample trained."""
+        self.value_pairs += [(float(s.observation["_return"]), float(s.observation["_value"])) for s in samples]
+
     def metrics(self) -> dict[str, float]:
         n = max(self.episodes, 1)
         elapsed = self.elapsed()
@@ -107,5 +115,10 @@ class Window:
                 "rl/zero_advantage_samples": float(self.zero_advantage), "time/step_s": elapsed}
         out.update({f"time/{k}": v for k, v in self.times.items()})
         out.update({k: v / max(self._loss_n, 1) for k, v in self._loss_sums.items()})
+        if self.value_pairs:  # PPO: the version's samples' 1 - Var(returns - values) / Var(returns)
+            pairs = torch.tensor(self.value_pairs, dtype=torch.float64)
+            explained = explained_variance(pairs[:, 0], pairs[:, 1])
+            if explained is not None:
+                out["rl/explained_variance"] = explained
         out.update(self.loss)
         return out

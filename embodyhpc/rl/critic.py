@@ -45,3 +45,18 @@ class Critic(nn.Module):
         weight = self.out.weight
         features = torch.cat([state.to(weight.dtype), self.task_embedding(task.long())], dim=-1)
         return self.out(self.body(features)).squeeze(-1).float()
+
+
+def explained_variance(returns: torch.Tensor, values: torch.Tensor) -> float | None:
+    """How much of the returns' variance the critic's values (those the advantages were computed with) explain:
+    1 - Var(returns - values) / Var(returns). 1: perfect, 0: no better than a constant, < 0: worse than one. None when
+    it is undefined (fewer than two samples, or returns without variance: a round of equal outcomes)."""
+    returns, values = returns.double().flatten(), values.double().flatten()
+    if returns.shape != values.shape:
+        raise ValueError(f"one value per return: {tuple(values.shape)} values for {tuple(returns.shape)} returns")
+    if returns.numel() < 2:
+        return None
+    spread = returns.var(unbiased=False)
+    if not float(spread) > 0.0:
+        return None
+    return float(1.0 - (returns - values).var(unbiased=False) / spread)

@@ -112,6 +112,7 @@ def _actor(config: Config, run_dir: Path, role: Any, key: bytes, session: str, s
 def _rollout(config: Config, run_dir: Path, role: Any, key: bytes, session: str) -> dict[str, Any]:
     import torch
 
+    from embodyhpc.checkpoint.sliced_weights import load_init_weights
     from embodyhpc.models import build_model, model_spec
     from embodyhpc.models.checkpoint_assets import resolve_normalizer
     from embodyhpc.rl.rollout import RolloutSettings, RolloutWorker
@@ -128,14 +129,18 @@ def _rollout(config: Config, run_dir: Path, role: Any, key: bytes, session: str)
     pusher = Pusher(endpoints.tcp_address(actor), Codec(key, sender=name), peer="actor 0", hwm=rl.queue_depth,
                     timeout_s=timeout)
     torch.manual_seed(config.train.seed)
-    model = build_model(config.model)  # fp32; its weights come from the actor
+    model = build_model(config.model)  # fp32; its trainable weights come from the actor
+    spec = model_spec(config.model.name)
+    if config.model.init_weights:  # the frozen ones (GR00T's VLM, a LoRA base) never travel: the actor's start
+        # (before standalone_group: load_init_weights gathers across a process group whenever one is up)
+        load_init_weights(model, config.model.init_weights, spec.load("weights") if spec.weights is not None else None)
     if rl.resources.rollout.gpus_per_node > 0:  # an inference GPU (the rank's local one, as srun binds it)
         model.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
     root = config.data.root if config.data.root and Path(config.data.root).exists() else None
     normalizer, _ = resolve_normalizer(config.model, root, run_checkpoints=run_dir / CHECKPOINTS_DIR)
     io = policy_io(config)
     dims = int(io.get("action_dim") or config.model.action_dim)
-    runner = model_spec(config.model.name).load("inference")(
+    runner = spec.load("inference")(
         model, config, normalizer=normalizer, execute_steps=rl.execute_steps, denoise_steps=rl.denoise_steps,
         num_action_dims=dims)
     weights_at = endpoints.wait_for(run_dir, WEIGHTS_ROLE, 0, session=session, timeout_s=timeout)

@@ -1,12 +1,13 @@
 """PPO's value head (embodyhpc/rl/critic.py): shapes, starts at 0, one embedding row per task, learns a toy value
-function, refuses bad input in one line."""
+function, refuses bad input in one line; the explained variance the actor logs per version, against a hand
+computation."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from embodyhpc.rl.critic import Critic
+from embodyhpc.rl.critic import Critic, explained_variance
 
 
 @pytest.fixture(autouse=True)
@@ -66,3 +67,29 @@ def test_it_learns_a_task_dependent_value_function():
 def test_refusals(state, task, match):
     with pytest.raises(ValueError, match=match):
         Critic(state_dim=4, num_tasks=2)(state, task)
+
+
+def test_explained_variance_of_a_version_against_a_hand_computation():
+    """1 - Var(returns - values) / Var(returns) over the samples one version trained, as the actor's Window logs it
+    (rl/explained_variance, MLflow train/rl/explained_variance) from each sample's GAE return and old value.
+    By hand, in 1/6400ths: returns 1, 0, 1/2, 1/4 (mean 7/16): Var = 875/6400; residuals 1/5, -1/10, 0, 1/4
+    (mean 7/80): Var = 131/6400; so 1 - 131/875 = 744/875."""
+    import numpy as np
+
+    from embodyhpc.rl.assembly import Window
+    from embodyhpc.rl.samples import ChunkSample
+
+    returns, values = [1.0, 0.0, 0.5, 0.25], [0.8, 0.1, 0.5, 0.0]
+    assert explained_variance(torch.tensor(returns), torch.tensor(values)) == pytest.approx(744 / 875, abs=1e-6)
+    window = Window()
+    window.add_values([ChunkSample(env_id=0, episode_id=i, group_id=i, chunk_index=0,
+                                   observation={"_return": np.float32(r), "_value": np.float32(v)},
+                                   trajectory=np.zeros((2, 1, 1), np.float32), log_prob=np.zeros((1, 1, 1), np.float32),
+                                   version=0) for i, (r, v) in enumerate(zip(returns, values, strict=True))])
+    assert window.metrics()["rl/explained_variance"] == pytest.approx(744 / 875, abs=1e-6)
+    assert explained_variance(torch.tensor(returns), torch.tensor(returns)) == 1.0  # a perfect critic
+    assert explained_variance(torch.tensor(returns), torch.zeros(4)) == 0.0  # V = 0: a constant explains nothing
+    assert explained_variance(torch.ones(4), torch.zeros(4)) is None  # equal returns: undefined, not logged
+    assert "rl/explained_variance" not in Window().metrics()  # GRPO (no critic): no such metric
+    with pytest.raises(ValueError, match="one value per return"):
+        explained_variance(torch.zeros(3), torch.zeros(2))

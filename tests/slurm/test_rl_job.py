@@ -36,10 +36,10 @@ def sft_folder(tmp_path_factory) -> Path:
     return build_once(tmp_path_factory, "rl-sft", _sft)
 
 
-def _submit(sft_folder: Path, tmp_path: Path, iterations: int, *extra: str) -> Path:
+def _submit(sft_folder: Path, tmp_path: Path, iterations: int, *extra: str, het_jobs: bool = True) -> Path:
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump({"site": {"name": "local-het", "partition": "het", "gpu_request": "none",
-                                             "het_jobs": True}, "network": {"fabric": "ethernet"}}))
+                                             "het_jobs": het_jobs}, "network": {"fabric": "ethernet"}}))
     export = Path((sft_folder / "run_dir").read_text()) / "export"
     overrides = [f"job.runs_root={tmp_path / 'runs'}", f"model.init_weights={export}",
                  f"data.root={sft_folder / 'reach'}", f"rl.iterations={iterations}", "rl.actor_ranks=2",
@@ -87,6 +87,37 @@ def test_the_rl_job_runs_its_roles_on_the_het_groups_and_trains(slurm_cluster, s
     assert not [key for key in METRICS if f"train/{key}" not in logged], sorted(logged)  # under the train/ prefix
     history = client.get_metric_history(status["mlflow_run_id"], "train/rl/samples_per_s")
     assert sorted(p.step for p in history) == list(range(1, ITERATIONS + 1))  # a point per policy version
+
+
+def test_without_het_jobs_one_allocation_runs_a_role_per_node_and_trains(slurm_cluster, sft_folder, tmp_path):
+    """site.het_jobs: false (sites where heterogeneous steps are disabled): the same RL job as one allocation of 3
+    nodes and one srun step whose ranks are laid out group by group (SLURM_HOSTFILE), each rank's role from its
+    SLURM_PROCID and EMBODYHPC_RL_SIZES. It must train the same way: both actor ranks on the first node, the rollout
+    worker on the second, the env worker on the third; the versions advance to rl.iterations, the run completes and
+    its metrics reach MLflow."""
+    run_dir = _submit(sft_folder, tmp_path, ITERATIONS, het_jobs=False)
+    script = (run_dir / "scripts" / "rl.sbatch").read_text()
+    assert "#SBATCH hetjob" not in script and "SLURM_HOSTFILE" in script  # really the one-allocation form
+    status = _wait_ended(run_dir, 300)
+    logs = run_dir / "submitit"
+    job = {j["kind"]: j for j in status["jobs"]}["rl"]
+    assert (job["kind"], job["state"]) == ("rl", "COMPLETED"), (status, _tails(logs))
+    nodes = subprocess.run(["scontrol", "show", "hostnames", job["nodes"]], check=True, capture_output=True,
+                           text=True, timeout=30).stdout.split()
+    assert "+" not in job["job_id"] and nodes == ["n1", "n2", "n3"], job  # one job (no het components), 3 nodes
+    # where each server role published itself: actor rank 0 (its stream and the weights' store) on the first node
+    # of the allocation, the rollout worker on the second (n1, n2, n3 in order: the hostfile's layout)
+    hosts = {name: json.loads((run_dir / "rl" / "endpoints" / f"{name}.json").read_text())["host"]
+             for name in ("actor-0", "dist-0", "weights-0", "rollout-0")}
+    assert hosts == {"actor-0": "n1", "dist-0": "n1", "weights-0": "n1", "rollout-0": "n2"}, hosts
+    metrics = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, ITERATIONS + 1))
+    assert status["state"] == "COMPLETED"
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    history = client.get_metric_history(status["mlflow_run_id"], "train/rl/samples_per_s")
+    assert sorted(p.step for p in history) == list(range(1, ITERATIONS + 1))
 
 
 def _ended(status: dict) -> dict | None:
