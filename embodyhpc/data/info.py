@@ -125,20 +125,33 @@ def format_info(info: dict[str, Any]) -> str:
 def dataset_fingerprint(root: str | os.PathLike) -> str:
     """A sha256 (hex) that changes when the dataset does, read in milliseconds whatever its size: every file's
     relative path and size, plus the content of the metadata (LeRobot's meta/ folder; for a single file such as an
-    HDF5 dataset, its first and last MiB)."""
+    HDF5 dataset, its name, size and first and last MiB)."""
+    return _digest(root, where=True)
+
+
+def dataset_identity(root: str | os.PathLike) -> str:
+    """A sha256 (hex) of what a dataset holds, not of where it is: every file under its meta/ folder (LeRobot's
+    info, statistics, episodes and tasks; relative path and content), or for a single-file dataset (HDF5) its size
+    and first and last MiB. A staged copy has the identity of its source (staging's own control files are outside
+    meta/); another dataset, even one of the same length, has another."""
+    return _digest(root, where=False)
+
+
+def _digest(root: str | os.PathLike, *, where: bool) -> str:
+    """dataset_fingerprint's (where: every file's path and size, a single file's name) or dataset_identity's."""
     import hashlib
 
     path = Path(root)
     digest = hashlib.sha256()
     if path.is_file():
         size = path.stat().st_size
-        digest.update(f"{path.name}\0{size}\0".encode())
+        digest.update(f"{path.name}\0{size}\0".encode() if where else f"{size}\0".encode())
         with path.open("rb") as f:
             digest.update(f.read(1 << 20))
             f.seek(max(0, size - (1 << 20)))
             digest.update(f.read(1 << 20))
         return digest.hexdigest()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+    for file in sorted(p for p in (path if where else path / "meta").rglob("*") if p.is_file()):
         relative = file.relative_to(path).as_posix()
         digest.update(f"{relative}\0{file.stat().st_size}\0".encode())
         if relative.startswith("meta/"):

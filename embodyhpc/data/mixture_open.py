@@ -16,7 +16,6 @@ state in each checkpoint holds the same digests (data/mixture.py MixtureSampler)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 from embodyhpc.config.data_mixture import eval_index
 from embodyhpc.config.schema import DataConfig
 from embodyhpc.data.errors import DatasetError
+from embodyhpc.data.info import dataset_identity
 from embodyhpc.data.mixture import MixtureDataset, MixtureNormalizer
 from embodyhpc.data.normalize import StateNormalizer
 
@@ -49,27 +49,6 @@ def open_mixture(data: DataConfig, *, seed: int, open_one: Callable[..., Any] | 
     return MixtureDataset(members, [entry.weight for entry in entries], seed=seed,
                           embodiments=[entry.embodiment for entry in entries],
                           identities=[dataset_identity(entry.root) for entry in entries])
-
-
-def dataset_identity(root: str | os.PathLike) -> str:
-    """A sha256 (hex) of what a dataset holds, not of where it is: every file under its meta/ folder (LeRobot's
-    info, statistics, episodes and tasks; relative path and content), or for a single-file dataset (HDF5) its size
-    and first and last MiB. A staged copy has the identity of its source (staging's own control files are outside
-    meta/); another dataset, even one of the same length, has another."""
-    path = Path(root)
-    digest = hashlib.sha256()
-    if path.is_file():
-        size = path.stat().st_size
-        digest.update(f"{size}\0".encode())
-        with path.open("rb") as f:
-            digest.update(f.read(1 << 20))
-            f.seek(max(0, size - (1 << 20)))
-            digest.update(f.read(1 << 20))
-        return digest.hexdigest()
-    for file in sorted(p for p in (path / "meta").rglob("*") if p.is_file()):
-        digest.update(f"{file.relative_to(path).as_posix()}\0{file.stat().st_size}\0".encode())
-        digest.update(file.read_bytes())
-    return digest.hexdigest()
 
 
 def mixture_normalizer(data: DataConfig, key: str, mode: str) -> MixtureNormalizer:
