@@ -12,17 +12,12 @@ Versions: the version is the number of optimizer steps (a resume continues from 
 mode: one round of rl.episodes_per_iteration episodes, all produced by the current version, is one optimizer step
 over all its chunk samples (micro-batches of rl.micro_batch_size per rank, gradients accumulated). Asynchronous
 mode: samples are admitted as their groups finish, and a step is taken once train.global_batch_size of them are
-in (`_batch_due`: or fewer, when a policy that succeeds almost everywhere makes them rare) over every group admitted
-so far (whole groups: none is cut between two versions, none carried into a later version's step), then the
-weights go out.
+in (`_batch_due`: or fewer, when a policy that succeeds almost everywhere makes them rare), then the weights go out.
 GRPO leaves out the samples of a group whose rewards are all equal: their advantage is 0, they add nothing to the
 gradient, and counted in the mean they would only shrink the step (counted: rl/zero_advantage_samples).
 
-Admission: a sample reaches a loss only through the StalenessGate (at most rl.max_staleness versions old), a group
-(GRPO; an episode for PPO) whole or not at all (`StalenessGate.admit_group`, by its oldest sample) when it
-completes, and trained in the version it was admitted in. Per-sample admission biased GRPO: the members of a group
-whose samples are oldest when it completes are those that ended first, the successes, so the failures' negative
-advantages were trained without them. The loss mask counts the executed actions (the first rl.execute_steps of a chunk)
+Admission: a sample reaches a loss only through the StalenessGate (at most rl.max_staleness versions old), checked
+when its micro-batch is formed. The loss mask counts the executed actions (the first rl.execute_steps of a chunk)
 on the robot's real action dims: the rest of a chunk never reaches the simulator and carries no reward signal.
 Losses: GRPO sync: PPO's clipped ratio against the behaviour log-probability; GRPO async: truncated importance
 weights (rl.behav_cap); PPO: GAE advantages from the critic (embodyhpc.rl.critic) with the clipped ratio (sync) or
@@ -296,7 +291,8 @@ class Actor:
                     ready.extend(self._admit(group, window))
                 if self.rl.async_:
                     if self._batch_due(consumed + len(ready), window.zero_advantage, target):
-                        box[0], ready[:] = ("step", list(ready)), []  # every admitted group, whole
+                        take = max(target - consumed, 0)
+                        box[0], ready[:] = ("step", ready[:take]), ready[take:]
                         break
                     if len(ready) >= per_micro:
                         box[0], ready[:] = ("micro", ready[:per_micro]), ready[per_micro:]
@@ -338,7 +334,7 @@ class Actor:
         return messages
 
     def _admit(self, group: list[Episode], window: Window) -> list[tuple[ChunkSample, float]]:
-        """The group's samples, each with its advantage, if the group passes the staleness gate whole."""
+        """The group's samples that pass the staleness gate, each with its advantage."""
         rewards = torch.tensor([float(e.end.success) for e in group])
         window.add_episodes(group)
         if self.rl.algorithm == "grpo":
@@ -346,11 +342,11 @@ class Actor:
             per_sample = [[a] * len(e.samples) for a, e in zip(adv, group, strict=True)]
         else:
             per_sample = [self._gae(e) for e in group]
-        out: list[tuple[ChunkSample, float]] = []
-        if not self.gate.admit_group([s.version for e in group for s in e.samples.values()], self.version.value):
-            return out
+        out = []
         for episode, advs in zip(group, per_sample, strict=True):
             for (_, sample), a in zip(sorted(episode.samples.items()), advs, strict=True):
+                if not self.gate.admit(sample.version, self.version.value):
+                    continue
                 if self.rl.algorithm == "grpo" and abs(a) < ZERO_ADVANTAGE:
                     window.zero_advantage += 1  # a group of equal rewards: no gradient, and it would dilute the mean
                     continue

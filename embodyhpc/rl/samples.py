@@ -130,22 +130,6 @@ class StalenessGate:
             self.rejected += 1
         return ok
 
-    def admit_group(self, versions: list[int], actor_version: int) -> bool:
-        """All or none: the samples of one GRPO group (or one episode), by their versions, are admitted together
-        when the oldest is at most `max_staleness` behind, else all are rejected (each counted). Per-sample
-        admission would break the group: its members' advantages are relative to each other, and the members whose
-        samples are oldest when the group completes are the ones that ended first, the successes, so dropping
-        them one by one biases the step towards the failures' negative advantages."""
-        lags = [staleness(v, actor_version) for v in versions]
-        ok = not lags or max(lags) <= self.max_staleness
-        self._staleness_sum += sum(lags)
-        self._staleness_max = max([self._staleness_max, *lags])
-        if ok:
-            self.admitted += len(lags)
-        else:
-            self.rejected += len(lags)
-        return ok
-
     @property
     def seen(self) -> int:
         return self.admitted + self.rejected

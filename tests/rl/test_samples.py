@@ -82,16 +82,3 @@ def test_samples_check_their_shapes() -> None:
         ChunkSample(0, 1, 2, 0, {}, np.zeros((k + 1, h, a)), np.zeros((k, h, a)), version=-1)
     with pytest.raises(ValueError, match="finite"):
         EpisodeEnd(0, 0, 0, True, float("nan"), 10, 0)
-
-
-def test_a_group_is_admitted_whole_or_not_at_all() -> None:
-    """GRPO's group integrity: by its oldest sample, all members together (the successes that ended first and
-    whose samples are the oldest are never dropped from a group whose failures are kept); counts per sample."""
-    gate = StalenessGate(1)
-    assert gate.admit_group([5, 4, 4, 5], actor_version=5)  # oldest exactly at the bound: all in
-    assert not gate.admit_group([3, 5, 5, 5], actor_version=5)  # one member 2 behind: none in
-    assert gate.admit_group([], actor_version=5)
-    assert gate.metrics() == {"rl/admitted": 4.0, "rl/rejected_stale": 4.0, "rl/rejected_stale_fraction": 0.5,
-                              "rl/staleness_mean": 4 / 8, "rl/staleness_max": 2.0}
-    with pytest.raises(ValueError, match="reached the actor at version 5"):
-        gate.admit_group([6], actor_version=5)
