@@ -199,11 +199,12 @@ def _bytes_to_stage(nvme: Path, data: DataConfig, dataset_bytes: int | None, ext
 
     roots = [] if data.format == "synthetic" else [e.root for e in data.datasets] if data.datasets else \
         [data.root] if data.root else []
+    sizes: list[int] = []  # each root's scanned size (none when `dataset_bytes` stands for the scans)
     if dataset_bytes is None:
         if not roots:
             extra["dataset_scan"] = "synthetic data"
             return None
-        sizes, scans, deadline = [], [], time.perf_counter() + SCAN_BUDGET_S
+        scans, deadline = [], time.perf_counter() + SCAN_BUDGET_S
         for root in roots:
             size, why = scan_size(Path(root), budget_s=max(0.0, deadline - time.perf_counter()))
             scans.append(why)
@@ -213,10 +214,10 @@ def _bytes_to_stage(nvme: Path, data: DataConfig, dataset_bytes: int | None, ext
             sizes.append(size)
         extra["dataset_scan"] = "; ".join(scans)
         dataset_bytes = sum(sizes)
-        staged = [_staged_bytes(load_manifest, node_local_path(nvme, root)) for root in roots]
+    staged = [_staged_bytes(load_manifest, node_local_path(nvme, root)) for root in roots]
+    if sizes:
         to_copy = sum(max(0, size - done) for size, done in zip(sizes, staged, strict=True))  # each dataset's rest
     else:
-        staged = [_staged_bytes(load_manifest, node_local_path(nvme, root)) for root in roots]
         to_copy = max(0, dataset_bytes - sum(staged))
     allocated = -(-to_copy // ALLOCATION_BYTES) * ALLOCATION_BYTES
     extra.update(dataset_bytes=dataset_bytes, staged_bytes=sum(staged))
