@@ -198,6 +198,10 @@ class RLConfig:
     """PPO: GAE's lambda, in [0, 1]."""
     value_lr: float = 1.0e-4
     """PPO: learning rate of the value head (the policy's is train.lr)."""
+    normalize_advantages: bool = True
+    """PPO: GAE advantages normalised to mean 0, std 1 over each batch the actor trains (a micro-batch
+    asynchronously, the round synchronously), as SB3's and CleanRL's PPO do; GRPO's are normalised within their
+    group already."""
     queue_depth: int = 64
     """Messages each queue between roles holds before its sender blocks (back-pressure; never unbounded)."""
     peer_timeout_s: float = 120.0

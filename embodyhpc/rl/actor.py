@@ -115,7 +115,7 @@ class Actor:
         self.gate = StalenessGate(self.rl.max_staleness)
         self.critic = None
         if self.rl.algorithm == "ppo":
-            self._build_critic()
+            self._build_critic(loaded is not None)
         self.sinks = sinks or []
         self.last_metrics: dict[str, float] = {}
 
@@ -157,36 +157,16 @@ class Actor:
                     side[POLICY_IO_FILE] = checkpoints / POLICY_IO_FILE
         return normalizer, side
 
-    def _build_critic(self) -> None:
-        """PPO's value head (embodyhpc.rl.critic) on the policy's normalised state and the task's index; its
-        weights and optimizer beside the checkpoints (critic-step-<version>.pt, restored on resume)."""
-        from embodyhpc.rl.critic import Critic
-        from embodyhpc.rl.env_worker import EpisodePlan
+    def _build_critic(self, loaded: bool) -> None:
+        """PPO's value head (embodyhpc.rl.critic.ValueHead) on the policy's normalised state and the task's index;
+        its weights and optimizer beside the checkpoints, restored on resume."""
+        from embodyhpc.rl.critic import ValueHead
 
-        self.plan = EpisodePlan(tuple(self.config.eval.tasks), tuple(self.rl.train_seeds), self.rl.group_size, 1, 1)
-        state_dim = len(self.normalizer(np.zeros(self._raw_state_dim(), np.float32)))
-        self.critic = Critic(state_dim, len(self.plan.tasks)).to(self.device)
-        self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=self.rl.value_lr)
-        path = self._critic_file(self.version.value)
-        if path.is_file():
-            state = torch.load(path, map_location=self.device, weights_only=True)
-            self.critic.load_state_dict(state["critic"])
-            self.critic_opt.load_state_dict(state["optimizer"])
-
-    def _raw_state_dim(self) -> int:
-        """The robot state's length: the normaliser's statistics' (mode none: model.state_dim)."""
-        return len(self.normalizer.offset) or int(self.config.model.state_dim or 1)
-
-    def _critic_inputs(self, samples: list[ChunkSample]) -> tuple[torch.Tensor, torch.Tensor]:
-        key = self.config.model.state_key
-        states = torch.stack([torch.as_tensor(np.asarray(self.normalizer(np.asarray(s.observation[key], np.float32)),
-                                                         np.float32)) for s in samples]).to(self.device)
-        tasks = torch.tensor([self.plan.tasks.index(self.plan.initial_state(s.episode_id)[0]) for s in samples],
-                             device=self.device)
-        return states, tasks
-
-    def _critic_file(self, version: int) -> Path:
-        return self.run_dir / CHECKPOINTS_DIR / f"critic-step-{version}.pt"
+        raw_dim = len(self.normalizer.offset) or int(self.config.model.state_dim or 1)
+        self.critic = ValueHead(self.config, self.normalizer, raw_dim, self.device, self.run_dir / CHECKPOINTS_DIR)
+        if not self.critic.load(self.version.value) and loaded and self.rank == 0:
+            print(f"rl actor: no {self.critic.file(self.version.value).name} beside checkpoint step "
+                  f"{self.version.value}: the value head starts again from zero", flush=True)
 
     # ---- weights ----
     # ---- the loop ----
@@ -230,8 +210,7 @@ class Actor:
     def _save(self, version: int, *, blocking: bool) -> None:
         self.ckpt.save(version, self.model, self.optimizer, blocking=blocking, extra={"rl_version": version})
         if self.critic is not None and self.rank == 0:
-            torch.save({"critic": self.critic.state_dict(), "optimizer": self.critic_opt.state_dict()},
-                       self._critic_file(version))
+            self.critic.save(version)
 
     def _send(self, sender: Any, *, last: bool) -> float:
         """The trainable weights to the rollout workers (gathered by every actor rank), then, after the last
@@ -292,13 +271,13 @@ class Actor:
                 if self.rl.async_:
                     if self._batch_due(consumed + len(ready), window.zero_advantage, target):
                         take = max(target - consumed, 0)
-                        box[0], ready[:] = ("step", ready[:take]), ready[take:]
+                        box[0], ready[:] = self._box("step", ready[:take]), ready[take:]
                         break
                     if len(ready) >= per_micro:
-                        box[0], ready[:] = ("micro", ready[:per_micro]), ready[per_micro:]
+                        box[0], ready[:] = self._box("micro", ready[:per_micro]), ready[per_micro:]
                         break
                 elif window.episodes >= self.rl.episodes_per_iteration:
-                    box[0], ready[:] = ("step", list(ready)), []
+                    box[0], ready[:] = self._box("step", list(ready)), []
                     break
                 waited = time.perf_counter()
                 for message in self._pull(puller):
@@ -310,6 +289,15 @@ class Actor:
             dist.broadcast_object_list(box, src=0, group=self.group)
             if box[0] != KEEPALIVE:
                 return box[0]
+
+    def _box(self, kind: str, items: list[tuple[ChunkSample, float]]) -> tuple[str, list]:
+        """What rank 0 broadcasts: PPO with rl.normalize_advantages has the advantages normalised over the samples
+        of this box (losses.normalize_advantages: a micro-batch asynchronously, the whole round synchronously), so
+        that a failed episode weighs against a successful one even while the critic's values are still near 0."""
+        if self.critic is not None and self.rl.normalize_advantages and items:
+            adv = losses.normalize_advantages(torch.tensor([a for _, a in items], dtype=torch.float64))
+            items = [(sample, a) for (sample, _), a in zip(items, adv.tolist(), strict=True)]
+        return kind, items
 
     @staticmethod
     def _batch_due(informative: int, flat: int, target: int) -> bool:
@@ -341,7 +329,8 @@ class Actor:
             adv = losses.group_advantages(rewards, torch.zeros(len(group), dtype=torch.long)).tolist()
             per_sample = [[a] * len(e.samples) for a, e in zip(adv, group, strict=True)]
         else:
-            per_sample = [self._gae(e) for e in group]
+            per_sample = [self.critic.advantages([s for _, s in sorted(e.samples.items())], bool(e.end.success))
+                          for e in group]
         out = []
         for episode, advs in zip(group, per_sample, strict=True):
             for (_, sample), a in zip(sorted(episode.samples.items()), advs, strict=True):
@@ -352,24 +341,6 @@ class Actor:
                     continue
                 out.append((sample, float(a)))
         return out
-
-    def _gae(self, episode: Episode) -> list[float]:
-        samples = [s for _, s in sorted(episode.samples.items())]
-        rewards = torch.zeros(len(samples))
-        rewards[-1] = float(episode.end.success)
-        with torch.no_grad():
-            values = self._values(samples)
-        values = torch.cat([values, torch.zeros(1)])
-        dones = torch.zeros(len(samples))
-        dones[-1] = 1.0
-        adv, returns = losses.gae(rewards, values, dones, self.rl.gamma, self.rl.gae_lambda)
-        for sample, ret, value in zip(samples, returns.tolist(), values.tolist(), strict=False):
-            sample.observation["_return"] = np.float32(ret)
-            sample.observation["_value"] = np.float32(value)
-        return adv.tolist()
-
-    def _values(self, samples: list[ChunkSample]) -> torch.Tensor:
-        return self.critic(*self._critic_inputs(samples)).float().cpu()
 
     # ---- every rank: one optimizer step ----
     def _accumulate(self, items: list[tuple[ChunkSample, float]], window: Window, total: int) -> None:
@@ -404,14 +375,7 @@ class Actor:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic is not None:
-            if self.world > 1:  # the critic is not sharded: its gradients are averaged over the actor ranks here
-                for param in self.critic.parameters():
-                    if param.grad is None:
-                        param.grad = torch.zeros_like(param)
-                    dist.all_reduce(param.grad, group=self.group)
-                    param.grad.div_(self.world)
-            self.critic_opt.step()
-            self.critic_opt.zero_grad(set_to_none=True)
+            self.critic.step(self.world, self.group)
 
     def _micro_batch(self, items: list[tuple[ChunkSample, float]], weight: float) -> dict[str, float]:
         samples = [s for s, _ in items]
@@ -433,9 +397,7 @@ class Actor:
         out = {f"loss/{k}": float(v) for k, v in stats.items()}
         out["loss/policy"] = float(loss.detach())
         if self.critic is not None and weight > 0:
-            returns = torch.tensor([float(s.observation["_return"]) for s in samples], device=self.device)
-            old = torch.tensor([float(s.observation["_value"]) for s in samples], device=self.device)
-            vloss = losses.value_loss(self.critic(*self._critic_inputs(samples)), returns, old, self.rl.clip_eps)
+            vloss = self.critic.loss(samples)
             (vloss * weight).backward()
             out["loss/value"] = float(vloss.detach())
         return out

@@ -9,8 +9,14 @@ starts at zero: every value is 0 before the first update (the return of a succes
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import numpy as np
 import torch
 from torch import nn
+
+from embodyhpc.rl import losses
 
 
 class Critic(nn.Module):
@@ -60,3 +66,102 @@ def explained_variance(returns: torch.Tensor, values: torch.Tensor) -> float | N
     if not float(spread) > 0.0:
         return None
     return float(1.0 - (returns - values).var(unbiased=False) / spread)
+
+
+
+CRITIC_FILE = "critic-step-{version}.pt"
+
+
+class ValueHead:
+    """PPO's critic as the actor trains it: the Critic on the policy's normalised state (model.state_key through the
+    actor's normaliser) and the episode's task, its AdamW (rl.value_lr), GAE advantages of finished episodes, the
+    value loss, and its file beside the policy's checkpoints (critic-step-<version>.pt in the checkpoint root, kept
+    exactly as long as the step folder it belongs to, written atomically, loaded on resume)."""
+
+    def __init__(self, config, normalizer, raw_state_dim: int, device: torch.device, root: Path) -> None:
+        from embodyhpc.rl.env_worker import EpisodePlan
+
+        self.rl, self.state_key, self.normalizer = config.rl, config.model.state_key, normalizer
+        self.device, self.root = device, Path(root)
+        self.plan = EpisodePlan(tuple(config.eval.tasks), tuple(self.rl.train_seeds), self.rl.group_size, 1, 1)
+        state_dim = len(normalizer(np.zeros(raw_state_dim, np.float32)))
+        self.critic = Critic(state_dim, len(self.plan.tasks)).to(device)
+        self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.rl.value_lr)
+
+    def inputs(self, samples: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normalised states [N, state_dim], task indices [N]) of chunk samples."""
+        states = torch.stack([torch.as_tensor(np.asarray(self.normalizer(np.asarray(s.observation[self.state_key],
+                                                                                    np.float32)), np.float32))
+                              for s in samples]).to(self.device)
+        tasks = torch.tensor([self.plan.tasks.index(self.plan.initial_state(s.episode_id)[0]) for s in samples],
+                             device=self.device)
+        return states, tasks
+
+    def file(self, version: int) -> Path:
+        return self.root / CRITIC_FILE.format(version=version)
+
+    def load(self, version: int) -> bool:
+        """The critic saved with the policy's checkpoint `version`; False when there is none."""
+        path = self.file(version)
+        if not path.is_file():
+            return False
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        self.critic.load_state_dict(state["critic"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        return True
+
+    def save(self, version: int) -> None:
+        """Rank 0: write critic-step-<version>.pt (a temporary file renamed: a crash never leaves half a file), then
+        remove the critic files of versions whose policy checkpoint folder is gone (the Checkpointer's retention,
+        checkpoint.keep_latest_k): a resume finds the critic of every checkpoint it can load, and no others."""
+        from embodyhpc.checkpoint import layout
+
+        path = self.file(version)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({"critic": self.critic.state_dict(), "optimizer": self.optimizer.state_dict()}, tmp)
+        os.replace(tmp, path)
+        listing = layout.list_steps(self.root)
+        kept = {version, *listing.complete, *listing.incomplete}
+        for old in self.root.glob(CRITIC_FILE.format(version="*")):
+            step = old.name[len("critic-step-"):-len(".pt")]
+            if step.isdigit() and int(step) not in kept:
+                old.unlink(missing_ok=True)
+
+    def advantages(self, samples: list, success: bool) -> list[float]:
+        """GAE over one finished episode's chunk samples (in order): reward = success at its last chunk, 0 before,
+        nothing bootstrapped after it. Each sample keeps its return and value (observation _return, _value) for the
+        value loss and rl/explained_variance."""
+        rewards = torch.zeros(len(samples))
+        rewards[-1] = float(success)
+        with torch.no_grad():
+            values = self.critic(*self.inputs(samples)).float().cpu()
+        values = torch.cat([values, torch.zeros(1)])
+        dones = torch.zeros(len(samples))
+        dones[-1] = 1.0
+        adv, returns = losses.gae(rewards, values, dones, self.rl.gamma, self.rl.gae_lambda)
+        for sample, ret, value in zip(samples, returns.tolist(), values.tolist(), strict=False):
+            sample.observation["_return"] = np.float32(ret)
+            sample.observation["_value"] = np.float32(value)
+        return adv.tolist()
+
+    def loss(self, samples: list) -> torch.Tensor:
+        """The clipped value loss (losses.value_loss, clip rl.clip_eps) of samples that carry _return and _value."""
+        returns = torch.tensor([float(s.observation["_return"]) for s in samples], device=self.device)
+        old = torch.tensor([float(s.observation["_value"]) for s in samples], device=self.device)
+        return losses.value_loss(self.critic(*self.inputs(samples)), returns, old, self.rl.clip_eps)
+
+    def step(self, world: int, group) -> None:
+        """The critic is not sharded: its gradients are averaged over the actor ranks, then its optimizer steps."""
+        if world > 1:
+            import torch.distributed as dist
+
+            for param in self.critic.parameters():
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                dist.all_reduce(param.grad, group=group)
+                param.grad.div_(world)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def parameters(self):
+        return self.critic.parameters()

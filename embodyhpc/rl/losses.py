@@ -28,6 +28,18 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float 
     return (centred / (var.sqrt()[inverse] + eps)).float()
 
 
+def normalize_advantages(adv: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """PPO's per-batch advantage normalisation (as SB3's normalize_advantage and CleanRL's norm_adv): (a - mean) /
+    (std + eps) over the batch, population std. A batch without spread (one sample, or all equal) is only centred:
+    every advantage 0, no gradient, rather than a division by zero. adv [N] -> [N] float32."""
+    if adv.ndim != 1:
+        raise ValueError(f"advantages must be [N], got {tuple(adv.shape)}")
+    adv = adv.double()
+    centred = adv - adv.mean() if adv.numel() else adv
+    std = centred.pow(2).mean().sqrt() if adv.numel() else adv.new_zeros(())
+    return (centred / (std + eps) if float(std) > eps else torch.zeros_like(centred)).float()
+
+
 def gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, gamma: float,
         lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over time (dim 0): rewards [T, ...], values [T+1, ...] (V of every state, the

@@ -15,7 +15,7 @@ NEEDS = ["data.root=/data/set", "site.account=robotics", TOK]
 def test_shipped_inventory():
     assert shipped_recipes() == ["demo_groot_metaworld_cpu", "demo_metaworld_cpu", "groot_n15_bf16", "libero_cpu",
                                  "pi05_bf16", "pi05_fp8", "pi05_libero", "rl_groot_metaworld_cpu", "rl_metaworld_cpu",
-                                 "rl_pi05_libero", "smoke_cpu"]
+                                 "rl_pi05_libero", "rl_ppo_metaworld_cpu", "smoke_cpu"]
     assert shipped_sites() == ["example_ib", "example_roce", "example_tcp", "local"]
 
 

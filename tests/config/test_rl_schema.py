@@ -24,8 +24,9 @@ DESIGN_DEFAULTS = {
     "enabled": False, "algorithm": "grpo", "async": False, "group_size": 8, "envs_per_worker": 4, "env_workers": 1,
     "rollout_workers": 1, "actor_ranks": 1, "iterations": 20, "episodes_per_iteration": 32, "micro_batch_size": 32,
     "denoise_steps": 4, "noise_level": 0.5, "execute_steps": 5, "max_episode_steps": 100, "clip_eps": 0.2,
-    "behav_cap": 2.0, "max_staleness": 1, "gamma": 0.99, "gae_lambda": 0.95, "value_lr": 1.0e-4, "queue_depth": 64,
-    "peer_timeout_s": 120, "straggler_delay_s": 0.0, "train_seeds": [0],
+    "behav_cap": 2.0, "max_staleness": 1, "gamma": 0.99, "gae_lambda": 0.95, "value_lr": 1.0e-4,
+    "normalize_advantages": True, "queue_depth": 64, "peer_timeout_s": 120, "straggler_delay_s": 0.0,
+    "train_seeds": [0],
 }
 
 

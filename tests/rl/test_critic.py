@@ -93,3 +93,57 @@ def test_explained_variance_of_a_version_against_a_hand_computation():
     assert "rl/explained_variance" not in Window().metrics()  # GRPO (no critic): no such metric
     with pytest.raises(ValueError, match="one value per return"):
         explained_variance(torch.zeros(3), torch.zeros(2))
+
+
+def _value_head(tmp_path):
+    from types import SimpleNamespace
+
+    from embodyhpc.rl.critic import ValueHead
+
+    rl = SimpleNamespace(train_seeds=[1], group_size=2, value_lr=1e-3, gamma=0.99, gae_lambda=0.95, clip_eps=0.2)
+    config = SimpleNamespace(rl=rl, eval=SimpleNamespace(tasks=["reach-v3"]),
+                             model=SimpleNamespace(state_key="observation.state"))
+    return ValueHead(config, lambda state: state * 2.0, 3, torch.device("cpu"), tmp_path)
+
+
+def test_critic_files_are_kept_exactly_as_long_as_their_policy_checkpoints(tmp_path):
+    """The critic of every checkpoint a resume can load is there, and no other: the policy's step folders (complete,
+    or one still being written) decide; a crash mid-write leaves no half file under the real name."""
+    from embodyhpc.checkpoint import layout
+
+    head = _value_head(tmp_path)
+    for version in (4, 8, 12):
+        layout.step_dir(tmp_path, version).mkdir()
+        head.save(version)
+    assert sorted(p.name for p in tmp_path.glob("critic-*")) == [f"critic-step-{v}.pt" for v in (12, 4, 8)]
+    layout.remove_folder(layout.step_dir(tmp_path, 4))  # the Checkpointer's retention took step 4
+    head.save(16)  # step 16's folder is still being written (asynchronous save): its critic stays
+    assert sorted(p.name for p in tmp_path.glob("critic-*")) == ["critic-step-12.pt", "critic-step-16.pt",
+                                                                  "critic-step-8.pt"]
+    assert not list(tmp_path.glob("*.tmp"))
+    with torch.no_grad():
+        head.critic.out.bias.fill_(0.25)
+    head.save(16)
+    fresh = _value_head(tmp_path)
+    assert fresh.load(16) and fresh.critic.out.bias.item() == 0.25
+    assert not fresh.load(5)  # no critic for a version never saved: the caller says so
+
+
+def test_gae_of_an_episode_through_the_value_head(tmp_path):
+    """A zero critic: a success's advantages are (gamma * lambda)^(T-1-t), returns the same, values 0 (kept on each
+    sample for the value loss); the critic reads the normaliser's output (here state * 2)."""
+    import numpy as np
+
+    from embodyhpc.rl.samples import ChunkSample
+
+    head = _value_head(tmp_path)
+    samples = [ChunkSample(env_id=0, episode_id=0, group_id=0, chunk_index=i,
+                           observation={"observation.state": np.full(3, i, np.float32)},
+                           trajectory=np.zeros((2, 1, 1), np.float32), log_prob=np.zeros((1, 1, 1), np.float32),
+                           version=0) for i in range(3)]
+    decay = 0.99 * 0.95
+    assert head.advantages(samples, True) == pytest.approx([decay ** 2, decay, 1.0], abs=1e-6)
+    assert [float(s.observation["_return"]) for s in samples] == pytest.approx([decay ** 2, decay, 1.0], abs=1e-6)
+    assert head.advantages(samples, False) == [0.0, 0.0, 0.0]
+    states, tasks = head.inputs(samples)
+    assert states[:, 0].tolist() == [0.0, 2.0, 4.0] and tasks.tolist() == [0, 0, 0]

@@ -12,6 +12,7 @@ from embodyhpc.rl.losses import (
     decoupled_ppo_loss,
     gae,
     group_advantages,
+    normalize_advantages,
     ppo_clip_loss,
     truncated_is_loss,
     value_loss,
@@ -163,3 +164,18 @@ def test_value_loss_by_hand():
     # d/dV: entry 0 (both equal: unclipped branch) (V - R) / 3; entry 1 the clipped branch is constant in V
     # (2 - 2.5 = -.5 is clamped to -.2): 0; entry 2 unclipped: (0 - 1) / 3
     assert values.grad.tolist() == pytest.approx([-0.5 / 3, 0.0, -1 / 3])
+
+
+def test_ppo_advantages_normalised_over_a_batch_by_hand():
+    # 3, -1, 1, 1: mean 1, deviations 2, -2, 0, 0, population std sqrt(8/4) = sqrt(2)
+    adv = normalize_advantages(torch.tensor([3.0, -1.0, 1.0, 1.0]), eps=0.0)
+    assert adv.tolist() == pytest.approx([2 / math.sqrt(2), -2 / math.sqrt(2), 0.0, 0.0], abs=1e-6)
+    # a zero critic: a success's GAE advantages (0.9405, 1) against a failure's (0, 0) become a success above and a
+    # failure below the batch mean, where unnormalised the failure carried no signal at all
+    mixed = normalize_advantages(torch.tensor([0.9405, 1.0, 0.0, 0.0]))
+    assert mixed[:2].min() > 0 > mixed[2:].max() and float(mixed.sum()) == pytest.approx(0.0, abs=1e-6)
+    assert normalize_advantages(torch.tensor([0.7, 0.7, 0.7])).tolist() == [0.0, 0.0, 0.0]  # no spread: no signal
+    assert normalize_advantages(torch.tensor([5.0])).tolist() == [0.0]
+    assert normalize_advantages(torch.zeros(0)).numel() == 0
+    with pytest.raises(ValueError, match="must be"):
+        normalize_advantages(torch.zeros(2, 2))

@@ -134,6 +134,33 @@ def test_sync_steps_once_over_the_whole_round():
 
 
 @pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("normalize", [True, False])
+def test_ppo_trains_each_micro_batch_on_advantages_normalised_over_it(tmp_path, normalize):
+    """PPO, asynchronous, a zero critic: one success and one failure of two chunks each. GAE gives the success
+    (gamma * lambda, 1) and the failure (0, 0); normalised over the micro-batch (rl.normalize_advantages) the failure
+    weighs against the success, where unnormalised it carries no signal at all."""
+    from embodyhpc.rl.critic import ValueHead
+
+    actor = bare_actor(version=0, max_staleness=1, asynchronous=True, batch=4)
+    actor.rl.micro_batch_size, actor.rl.algorithm, actor.rl.normalize_advantages = 4, "ppo", normalize
+    rl = SimpleNamespace(train_seeds=[0], group_size=2, value_lr=1e-3, gamma=0.99, gae_lambda=0.95, clip_eps=0.2)
+    actor.critic = ValueHead(SimpleNamespace(rl=rl, eval=SimpleNamespace(tasks=["t"]),
+                                             model=SimpleNamespace(state_key="observation.state")),
+                             lambda state: state, 2, torch.device("cpu"), tmp_path)
+    window = Window()
+    actor.next_step(FakePuller(stream({0: 0, 1: 0}, {0: True, 1: False})), Assembler(1), [], window)
+    decay = 0.99 * 0.95
+    raw = [decay, 1.0, 0.0, 0.0]  # episode 0's chunks, then episode 1's
+    if normalize:
+        mean = sum(raw) / 4
+        std = (sum((a - mean) ** 2 for a in raw) / 4) ** 0.5
+        expected = [(a - mean) / std for a in raw]
+    else:
+        expected = raw
+    assert [a for _, _, a in actor.reached_loss] == pytest.approx(expected, abs=1e-5) and actor.steps == 1
+
+
+@pytest.mark.usefixtures("one_rank")
 def test_a_silent_rollout_worker_ends_the_actor_within_its_bound():
     actor = bare_actor(version=0, max_staleness=1, asynchronous=True, batch=4)
     puller = Puller(Codec(b"k" * 32, sender="actor-0"), hwm=4, timeout_s=0.5)

@@ -3,7 +3,7 @@
 The supervised policy (embodyhpc.rl.few_shot, which bench/rl_async.py starts from too): pi0.5 (tiny) trained by the
 demo recipe's own SFT path on 20 reach-v3 demonstrations (seed 0) for 150 steps, a policy clearly below success 1.
 Then `embodyhpc submit recipes/rl_metaworld_cpu.yaml --local` (GRPO, asynchronous, the three roles as local
-processes, RL seeds [1]) starts from its export; so does the same recipe with rl.algorithm=ppo. All are evaluated by
+processes, RL seeds [1]) starts from its export; so does recipes/rl_ppo_metaworld_cpu.yaml (PPO). All are evaluated by
 the project's evaluation chain on the same held-out goals (eval.seeds [100]), 48 episodes each, with the same
 settings (4 denoising steps, 60 steps per episode): the RL policy's Wilson interval must lie above the SFT one.
 """
@@ -56,23 +56,23 @@ def sft_eval(sft_folder, tmp_path_factory) -> tuple[Path, Path, Path]:
     return export, sft_folder / "reach", sft
 
 
-def _rl(out: Path, sft_eval, *overrides: str) -> tuple[Path, Path, float]:
+def _rl(out: Path, sft_eval, recipe: str) -> tuple[Path, Path, float]:
     export, demos, sft = sft_eval
     started = time.monotonic()
-    rl = embodyhpc("submit", "recipes/rl_metaworld_cpu.yaml", "--local", "--json", f"job.runs_root={out}",
-                   f"model.init_weights={export}", f"data.root={demos}", *EVAL, *overrides)
+    rl = embodyhpc("submit", recipe, "--local", "--json", f"job.runs_root={out}",
+                   f"model.init_weights={export}", f"data.root={demos}", *EVAL)
     return run_dir_from(rl.stdout), sft, time.monotonic() - started
 
 
 @pytest.fixture(scope="module")
 def rl_and_sft(sft_eval, tmp_path_factory):
-    return _rl(tmp_path_factory.mktemp("rl"), sft_eval)
+    return _rl(tmp_path_factory.mktemp("rl"), sft_eval, "recipes/rl_metaworld_cpu.yaml")
 
 
 @pytest.fixture(scope="module")
 def ppo_and_sft(sft_eval, tmp_path_factory):
-    """PPO (value head, GAE) with the recipe's other settings: asynchronous, 12 versions of 64 chunk samples."""
-    return _rl(tmp_path_factory.mktemp("ppo"), sft_eval, "rl.algorithm=ppo")
+    """PPO (value head, GAE, advantages normalised per micro-batch): asynchronous, 12 versions of 192 chunk samples."""
+    return _rl(tmp_path_factory.mktemp("ppo"), sft_eval, "recipes/rl_ppo_metaworld_cpu.yaml")
 
 
 def _check_learnt(rl_dir: Path, sft_dir: Path, wall_s: float, name: str) -> list[dict]:
@@ -97,9 +97,6 @@ def test_rl_raises_held_out_success_with_non_overlapping_intervals(rl_and_sft):
         assert m["rl/staleness_max"] <= 1 or m["rl/rejected_stale"] > 0, m
 
 
-@pytest.mark.xfail(strict=False, reason="known: PPO's held-out result from the 17/48 start varies from run to run "
-                   "(35/48 and 44-48/48 passed; 28/48, 15/48 and 1/48 failed, 2026-11-27, with and without that "
-                   "session's actor changes): not reliably shown yet (issue 31)")
 def test_ppo_raises_held_out_success_with_non_overlapping_intervals(ppo_and_sft):
     """PPO learns too: the value head trains beside the policy (its loss logged every version) and the held-out
     success of the same SFT start rises with non-overlapping Wilson intervals."""
@@ -107,6 +104,11 @@ def test_ppo_raises_held_out_success_with_non_overlapping_intervals(ppo_and_sft)
 
     metrics = _check_learnt(*ppo_and_sft, "PPO")
     assert all(math.isfinite(m["loss/value"]) for m in metrics)
+    # the critic beside each checkpoint the run keeps (checkpoint.keep_latest_k), and no other
+    checkpoints = ppo_and_sft[0] / "checkpoints"
+    kept = sorted(p.name.removeprefix("step-") for p in checkpoints.glob("step-*"))
+    assert sorted(p.name.removeprefix("critic-step-").removesuffix(".pt")
+                  for p in checkpoints.glob("critic-step-*")) == kept and len(kept) == 2
 
 
 def test_resume_of_an_rl_run_keeps_the_version_counter(rl_and_sft, tmp_path):
