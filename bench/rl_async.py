@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -47,6 +48,7 @@ from embodyhpc.eval.aggregate import wilson_interval
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/rl_metaworld_cpu.yaml"
 GOALS = {True: 1.5, False: 1.2}  # with a straggler, without
+CORES = len(os.sched_getaffinity(0))
 WARMUP_VERSIONS = 1  # left out of the rates: the first version also pays the roles' start
 FINAL_VERSIONS = 2  # "final success": the episodes of the last versions, with their Wilson interval
 
@@ -74,6 +76,13 @@ def build_sft(out: Path) -> tuple[Path, Path]:
     return build_few_shot_sft(out, lambda *a: cli(*a).stdout)
 
 
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of every process this one has waited for, their own waited-for children included:
+    the submit command and all the roles it ran."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
@@ -89,9 +98,11 @@ def run_case(out: Path, *, init: Path, demos: Path, is_async: bool, straggler: f
     if evaluate:
         overrides += [f"eval.episodes_per_task={args.eval_episodes}", "eval.reference_policies=[]"]
     load_before = uptime()
+    cpu_before = children_cpu_s()
     started = time.perf_counter()
     run_dir = run_dir_of(cli("submit", RECIPE, "--local", "--json", *overrides).stdout)
     wall_s = time.perf_counter() - started
+    cpu_s = children_cpu_s() - cpu_before
     metrics = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
     steady = metrics[WARMUP_VERSIONS:] or metrics  # version 1 also pays the start (processes, first weights)
     step_s = sum(m.get("time/step_s", 0.0) for m in steady)
@@ -110,6 +121,9 @@ def run_case(out: Path, *, init: Path, demos: Path, is_async: bool, straggler: f
            "role_share": {k: round(v, 2) for k, v in roles.items()},
            "staleness_max": max((m.get("rl/staleness_max", 0.0) for m in metrics), default=0.0),
            "rejected_stale": sum(m.get("rl/rejected_stale", 0.0) for m in metrics), "run_dir": str(run_dir),
+           "cpu_s": cpu_s, "cores_busy": cpu_s / max(wall_s, 1e-9) / CORES,
+           "cpu_ms_per_env_step": 1000 * cpu_s / max(sum(m.get("rl/env_steps_per_s", 0.0) * m.get("time/step_s", 0.0)
+                                                         for m in metrics), 1e-9),
            "uptime_before": load_before, "uptime_after": uptime()}
     if evaluate:
         report = json.loads((run_dir / "eval" / "report.json").read_text())
@@ -171,7 +185,7 @@ def main() -> None:
                 if args.per_version:
                     print("\n".join(per_version(Path(row["run_dir"]))), flush=True)
     print(f"\n{'case':<24} {'env steps/s':>11} {'samples/s':>9} {'trained/s':>9} {'wall s':>6}  "
-          f"{'final success [95% Wilson]':<28} stale max  load (1 min, before/after)")
+          f"{'final success [95% Wilson]':<28} stale max  cores busy  load (1 min, before/after)")
     for row in rows:
         name = f"{'async' if row['async'] else 'sync'}, straggler {row['straggler_s']:g} s"
         s_, n, lo, hi = row["final"]
@@ -181,7 +195,7 @@ def main() -> None:
         load = "/".join(u.split("load average:")[-1].split(",")[0].strip() for u in (row["uptime_before"],
                                                                                      row["uptime_after"]))
         print(f"{name:<24} {row['env_steps_per_s']:>11.1f} {row['samples_per_s']:>9.1f} {row['trained_per_s']:>9.1f} "
-              f"{row['wall_s']:>6.0f}  {final:<28} {row['staleness_max']:>9.0f}  {load}")
+              f"{row['wall_s']:>6.0f}  {final:<28} {row['staleness_max']:>9.0f}  {row['cores_busy']:>10.2f}  {load}")
     print()
     for straggler in (0.0, args.straggler_delay):
         goal = GOALS[straggler > 0]
@@ -192,6 +206,13 @@ def main() -> None:
             ratio = asy / max(sync, 1e-9)
             print(f"{'with' if straggler else 'without'} straggler: async/sync {key} {ratio:.2f}x "
                   f"(goal >= {goal}x: {'ok' if ratio >= goal else 'BELOW'})")
+        busy = {a: statistics.fmean(r["cores_busy"] for r in pick if r["async"] is a) for a in (False, True)}
+        cost = {a: statistics.fmean(r["cpu_ms_per_env_step"] for r in pick if r["async"] is a) for a in (False, True)}
+        print(f"{'with' if straggler else 'without'} straggler: what limits it on {CORES} cores: sync kept "
+              f"{busy[False]:.0%} of them busy and async {busy[True]:.0%} (CPU seconds of the whole run, start-up "
+              f"and evaluation included, over wall seconds x cores); CPU per env step sync {cost[False]:.1f} ms, "
+              f"async {cost[True]:.1f} ms: with sync's work, no overlap could run faster than "
+              f"{1 / max(busy[False], 1e-9):.2f}x on these cores")
         finals = {a: [r["final"] for r in pick if r["async"] is a] for a in (False, True)}
         overlap = all(fa[2] <= fs[3] and fs[2] <= fa[3] for fs in finals[False] for fa in finals[True])
         print(f"{'with' if straggler else 'without'} straggler: final success (last {FINAL_VERSIONS} versions) sync "

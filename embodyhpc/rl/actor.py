@@ -17,8 +17,10 @@ GRPO leaves out the samples of a group whose rewards are all equal: their advant
 gradient, and counted in the mean they would only shrink the step (counted: rl/zero_advantage_samples).
 
 Admission: a sample reaches a loss only through the StalenessGate (at most rl.max_staleness versions old), checked
-when its micro-batch is formed. The loss mask counts the executed actions (the first rl.execute_steps of a chunk)
-on the robot's real action dims: the rest of a chunk never reaches the simulator and carries no reward signal.
+when its group completes, and again for a sample left over when a step took its batch (`still_fresh`: expired ones
+are dropped), so none is older than the bound when it is trained. The loss mask counts the executed actions (the
+first rl.execute_steps of a chunk) on the robot's real action dims: the rest of a chunk never reaches the simulator
+and carries no reward signal.
 Losses: GRPO sync: PPO's clipped ratio against the behaviour log-probability; GRPO async: truncated importance
 weights (rl.behav_cap); PPO: GAE advantages from the critic (embodyhpc.rl.critic) with the clipped ratio (sync) or
 decoupled PPO (async; the proximal policy is the actor's weights at the start of the step, which are the weights
@@ -258,6 +260,8 @@ class Actor:
             per_micro = self.rl.micro_batch_size * self.world
             self._last_heard = told = time.monotonic()
             keepalive_s = min(KEEPALIVE_S, self.rl.peer_timeout_s / 4)
+            # samples left over from an earlier step were admitted at an older version: still within the bound?
+            ready[:] = [item for item in ready if self.gate.still_fresh(item[0].version, self.version.value)]
             while True:
                 if self.world > 1 and time.monotonic() - told >= keepalive_s:
                     dist.broadcast_object_list([KEEPALIVE], src=0, group=self.group)

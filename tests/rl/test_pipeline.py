@@ -123,6 +123,25 @@ def test_no_sample_older_than_max_staleness_reaches_a_loss():
 
 
 @pytest.mark.usefixtures("one_rank")
+def test_a_sample_left_over_by_a_step_is_not_trained_once_it_is_older_than_the_bound():
+    """The step at version 3 takes 4 of 8 admitted samples, group 1's (version 3); group 2's are left over, version
+    2 (1 behind, admitted). After the step the actor is at version 4: they are 2 behind, dropped and counted as
+    expired, and the next step trains a fresh group only."""
+    actor = bare_actor(version=3, max_staleness=1, asynchronous=True, batch=4)
+    window, ready, assembler = Window(), [], Assembler(2)
+    actor.next_step(FakePuller(stream({2: 3, 3: 3, 4: 2, 5: 2}, {e: e % 2 == 0 for e in range(2, 6)})),
+                    assembler, ready, window)
+    assert sorted((s.episode_id, s.version) for s, _ in ready) == [(4, 2), (4, 2), (5, 2), (5, 2)]
+    actor.version.advance()
+    actor.gate.reset()
+    actor.reached_loss.clear()
+    actor.next_step(FakePuller(stream({6: 4, 7: 4}, {6: True, 7: False})), assembler, ready, Window())
+    assert all(4 - v <= 1 for v, _, _ in actor.reached_loss)
+    assert sorted({e for _, e, _ in actor.reached_loss}) == [6, 7]
+    assert actor.gate.metrics()["rl/expired_stale"] == 4
+
+
+@pytest.mark.usefixtures("one_rank")
 def test_sync_steps_once_over_the_whole_round():
     actor = bare_actor(version=0, max_staleness=0, asynchronous=False, batch=4)
     versions, window = {e: 0 for e in range(4)}, Window()

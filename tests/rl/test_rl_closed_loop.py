@@ -19,7 +19,7 @@ import pytest
 from tests.helpers import run_dir_from
 from tests.launch.demo import embodyhpc
 
-pytestmark = [pytest.mark.slow, pytest.mark.sim]
+pytestmark = [pytest.mark.slow, pytest.mark.sim, pytest.mark.xdist_group("rl-closed-loop")]  # its fixtures once
 
 ITERATIONS = 12
 EVAL = ["eval.episodes_per_task=48", "eval.max_steps=60", "eval.denoise_steps=4", "eval.execute_steps=5",
