@@ -5,6 +5,7 @@ A small MLP on [state | embedding(task)]: the state is what the policy reads aft
 actor passes its normalizer's output), the task index is the position of the episode's task in the run's task list
 (so one critic serves a multi-task suite). Its parameters are the actor's, trained with rl.value_lr. The output layer
 starts at zero: every value is 0 before the first update (the return of a success-only reward lies in [0, 1]).
+`ValueHead` is the actor's side of it: inputs, GAE, the value loss, the optimizer step and the critic's files.
 """
 
 from __future__ import annotations
@@ -66,7 +67,6 @@ def explained_variance(returns: torch.Tensor, values: torch.Tensor) -> float | N
     if not float(spread) > 0.0:
         return None
     return float(1.0 - (returns - values).var(unbiased=False) / spread)
-
 
 
 CRITIC_FILE = "critic-step-{version}.pt"
