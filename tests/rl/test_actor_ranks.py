@@ -107,7 +107,7 @@ def _long_live_round(rank: int, world_size: int) -> dict:
     actor.rl = SimpleNamespace(async_=False, algorithm="grpo", micro_batch_size=1, episodes_per_iteration=1,
                                peer_timeout_s=GROUP_TIMEOUT_S)
     actor.config = SimpleNamespace(train=SimpleNamespace(global_batch_size=1))
-    actor.gate, actor.version = StalenessGate(1), VersionCounter(0)
+    actor.gate, actor.version, actor.critic = StalenessGate(1), VersionCounter(0), None
     started = time.monotonic()
 
     class Puller:  # the rollouts stream pieces all round long
