@@ -9,7 +9,7 @@ running env waits or the oldest waiting one has waited BATCH_MAX_WAIT_S (`batch_
 the others for longer than that bound (measured from the oldest arrival, so a trickle of arrivals cannot stretch
 it), and the policy is not called once per env (on a shared CPU a batch of one costs nearly what a batch of sixteen
 does). Measured on 2 cores (bench/rl_async.py): answering once half of the envs waited made batches of about half
-and cost async 0.90x sync's samples/s without a straggler, against 1.08x waiting for all (with a straggler the
+and cost async 0.90x sync's samples/s without a straggler, against 1.02-1.08x waiting for all (with a straggler the
 bound keeps both above 2x). Synchronous mode batches in lock-step instead: it waits for the observation of every env
 that is running an episode of the round, however long that takes.
 
