@@ -329,15 +329,16 @@ class Actor:
         """The group's samples that pass the staleness gate, each with its advantage."""
         rewards = torch.tensor([float(e.end.success) for e in group])
         window.add_episodes(group)
+        ordered = [[s for _, s in sorted(e.samples.items())] for e in group]  # each episode's chunks in order
         if self.rl.algorithm == "grpo":
             adv = losses.group_advantages(rewards, torch.zeros(len(group), dtype=torch.long)).tolist()
-            per_sample = [[a] * len(e.samples) for a, e in zip(adv, group, strict=True)]
+            per_sample = [[a] * len(samples) for a, samples in zip(adv, ordered, strict=True)]
         else:
-            per_sample = [self.critic.advantages([s for _, s in sorted(e.samples.items())], bool(e.end.success))
-                          for e in group]
+            per_sample = [self.critic.advantages(samples, bool(e.end.success))
+                          for samples, e in zip(ordered, group, strict=True)]
         out = []
-        for episode, advs in zip(group, per_sample, strict=True):
-            for (_, sample), a in zip(sorted(episode.samples.items()), advs, strict=True):
+        for samples, advs in zip(ordered, per_sample, strict=True):
+            for sample, a in zip(samples, advs, strict=True):
                 if not self.gate.admit(sample.version, self.version.value):
                     continue
                 if self.rl.algorithm == "grpo" and abs(a) < ZERO_ADVANTAGE:
