@@ -13,14 +13,16 @@ mode: one round of rl.episodes_per_iteration episodes, all produced by the curre
 over all its chunk samples (micro-batches of rl.micro_batch_size per rank, gradients accumulated). Asynchronous
 mode: samples are admitted as their groups finish, and a step is taken once train.global_batch_size of them are
 in (`_batch_due`: or fewer, when a policy that succeeds almost everywhere makes them rare), then the weights go out.
+A step trains every sample admitted since the one before, so it ends at a group's end: a group is never split over
+two versions (half a GRPO group is a gradient whose advantages do not sum to 0, and Adam moves the policy as far
+on it as on a whole batch).
 GRPO leaves out the samples of a group whose rewards are all equal: their advantage is 0, they add nothing to the
 gradient, and counted in the mean they would only shrink the step (counted: rl/zero_advantage_samples).
 
 Admission: a sample reaches a loss only through the StalenessGate (at most rl.max_staleness versions old), checked
-when its group completes, and again for a sample left over when a step took its batch (`still_fresh`: expired ones
-are dropped), so none is older than the bound when it is trained. The loss mask counts the executed actions (the
-first rl.execute_steps of a chunk) on the robot's real action dims: the rest of a chunk never reaches the simulator
-and carries no reward signal.
+when its group completes; the step that trains it is the next one, so none is older than the bound when trained.
+The loss mask counts the executed actions (the first rl.execute_steps of a chunk) on the robot's real action dims:
+the rest of a chunk never reaches the simulator and carries no reward signal.
 Losses: GRPO sync: PPO's clipped ratio against the behaviour log-probability; GRPO async: truncated importance
 weights (rl.behav_cap); PPO: GAE advantages from the critic (embodyhpc.rl.critic) with the clipped ratio (sync) or
 decoupled PPO (async; the proximal policy is the actor's weights at the start of the step, which are the weights
@@ -64,7 +66,7 @@ from embodyhpc.train.preempt import StopSignal, cpu_group
 
 PULL_BATCH = 256
 ZERO_ADVANTAGE = 1e-6
-FLAT_BATCHES, FLAT_BATCHES_MAX = 4, 16  # see Actor._batch_due
+FLAT_BATCHES, FLAT_BATCHES_MAX = 2, 8  # see Actor._batch_due
 STOP_POLL_S = 1.0  # rank 0 looks at the stop signal at least this often while it waits for samples
 KEEPALIVE_S = 10.0  # ... and tells the other actor ranks it is alive at least this often (or rl.peer_timeout_s / 4)
 KEEPALIVE = "alive"
@@ -177,11 +179,10 @@ class Actor:
         sync_s = self._send(sender, last=self.version.value >= self.rl.iterations)
         stopped_by = None
         assembler = Assembler(self.rl.group_size if self.rl.algorithm == "grpo" else 1)
-        ready: list[tuple[ChunkSample, float]] = []
         window = Window()
         while self.version.value < self.rl.iterations:
             step_started = time.perf_counter()
-            stopped_by = self.next_step(puller, assembler, ready, window, stop)
+            stopped_by = self.next_step(puller, assembler, window, stop)
             if stopped_by is not None:  # a stop signal came while rank 0 waited for samples: save this version
                 self.optimizer.zero_grad(set_to_none=True)
                 sync_s = self._send(sender, last=True)
@@ -226,12 +227,12 @@ class Actor:
         return time.perf_counter() - started
 
     # ---- rank 0: what the next optimizer step trains on ----
-    def next_step(self, puller: Any, assembler: Assembler, ready: list, window: Window,
+    def next_step(self, puller: Any, assembler: Assembler, window: Window,
                   stop: StopSignal | None = None) -> str | None:
         """Every rank: one optimizer step. Sync: the round's samples, then the step. Async (level 3): each
         micro-batch trained as soon as its samples are admitted, the step once the batch is due. The name of a stop
         signal (nothing stepped) when one arrives while rank 0 waits."""
-        consumed = 0
+        consumed, ready = 0, []  # ready: admitted, not trained yet (a step takes them all: none outlives it)
         while True:
             box = self._collect(puller, assembler, ready, window, stop, consumed)
             if isinstance(box, str):
@@ -247,7 +248,8 @@ class Actor:
                  stop: StopSignal | None = None, consumed: int = 0) -> tuple[str, list] | str:
         """Rank 0 pulls until it can say what every rank trains next, and broadcasts it: ("micro", samples) (async:
         a micro-batch's worth of every rank admitted), ("step", samples) (the last ones of the step: a whole round
-        in sync mode, the rest of train.global_batch_size in async mode), or the name of a stop signal that arrived
+        in sync mode; in async mode every admitted sample not trained yet, once train.global_batch_size are in, so
+        that each group lands whole in one step), or the name of a stop signal that arrived
         meanwhile (waiting for samples may take longer than the signal's warning).
 
         The other ranks wait in the broadcast meanwhile, each wait bounded by the group's timeout; a round may take
@@ -260,8 +262,6 @@ class Actor:
             per_micro = self.rl.micro_batch_size * self.world
             self._last_heard = told = time.monotonic()
             keepalive_s = min(KEEPALIVE_S, self.rl.peer_timeout_s / 4)
-            # samples left over from an earlier step were admitted at an older version: still within the bound?
-            ready[:] = [item for item in ready if self.gate.still_fresh(item[0].version, self.version.value)]
             while True:
                 if self.world > 1 and time.monotonic() - told >= keepalive_s:
                     dist.broadcast_object_list([KEEPALIVE], src=0, group=self.group)
@@ -274,8 +274,7 @@ class Actor:
                     ready.extend(self._admit(group, window))
                 if self.rl.async_:
                     if self._batch_due(consumed + len(ready), window.zero_advantage, target):
-                        take = max(target - consumed, 0)
-                        box[0], ready[:] = self._box("step", ready[:take]), ready[take:]
+                        box[0], ready[:] = self._box("step", list(ready)), []
                         break
                     if len(ready) >= per_micro:
                         box[0], ready[:] = self._box("micro", ready[:per_micro]), ready[per_micro:]
@@ -367,7 +366,8 @@ class Actor:
 
     def _step(self, window: Window, consumed: int) -> None:
         """Clip, optimizer step (the policy's and the critic's). Async: gradients were scaled for
-        train.global_batch_size samples; a step with fewer (_batch_due) is rescaled to their mean."""
+        train.global_batch_size samples; a step with fewer (_batch_due) or more (the rest of its last group) is
+        rescaled to their mean."""
         target = self.config.train.global_batch_size
         if self.rl.async_ and 0 < consumed != target:
             for param in [*self.model.parameters(), *(self.critic.parameters() if self.critic is not None else [])]:

@@ -113,7 +113,6 @@ class StalenessGate:
     max_staleness: int
     admitted: int = 0
     rejected: int = 0
-    expired: int = 0
     _staleness_sum: int = field(default=0, repr=False)
     _staleness_max: int = field(default=0, repr=False)
 
@@ -131,15 +130,6 @@ class StalenessGate:
             self.rejected += 1
         return ok
 
-    def still_fresh(self, sample_version: int, actor_version: int) -> bool:
-        """A sample admitted earlier and not trained yet (left over when a step took its batch): still at most
-        max_staleness versions old now that the actor has stepped? If not it is dropped, counted as expired
-        (rl/expired_stale), so that no sample older than the bound reaches a loss whenever it is trained."""
-        ok = staleness(sample_version, actor_version) <= self.max_staleness
-        if not ok:
-            self.expired += 1
-        return ok
-
     @property
     def seen(self) -> int:
         return self.admitted + self.rejected
@@ -147,13 +137,12 @@ class StalenessGate:
     def metrics(self) -> dict[str, float]:
         seen = self.seen
         return {"rl/admitted": float(self.admitted), "rl/rejected_stale": float(self.rejected),
-                "rl/expired_stale": float(self.expired),
                 "rl/rejected_stale_fraction": self.rejected / seen if seen else 0.0,
                 "rl/staleness_mean": self._staleness_sum / seen if seen else 0.0,
                 "rl/staleness_max": float(self._staleness_max)}
 
     def reset(self) -> None:
-        self.admitted = self.rejected = self.expired = self._staleness_sum = self._staleness_max = 0
+        self.admitted = self.rejected = self._staleness_sum = self._staleness_max = 0
 
 
 class VersionCounter:

@@ -57,12 +57,13 @@ def test_a_rerun_episode_replaces_the_pieces_of_its_dead_attempt():
 
 
 class FakePuller:
-    def __init__(self, messages):
-        self.messages = list(messages)
+    def __init__(self, messages, per_pull: int | None = None):
+        self.messages, self.per_pull = list(messages), per_pull  # per_pull: at most that many per pull
 
     def pull_many(self, n, timeout_s=None):
         if not self.messages:
             raise PeerTimeout("rollout workers", 0.0)
+        n = min(n, self.per_pull or n)
         out, self.messages = self.messages[:n], self.messages[n:]
         return out
 
@@ -107,14 +108,13 @@ def test_no_sample_older_than_max_staleness_reaches_a_loss():
     actor = bare_actor(version=3, max_staleness=1, asynchronous=True, batch=4)
     versions = {0: 1, 1: 1, 2: 2, 3: 3, 4: 3, 5: 2}  # episodes 0, 1 (version 1) are 2 versions behind
     puller = FakePuller(stream(versions, {e: e % 2 == 0 for e in versions}))
-    window, ready = Window(), []
-    assert actor.next_step(puller, Assembler(2), ready, window) is None
-    # level 3: a micro-batch (2 samples) trained as soon as admitted, the step once 4 are in; group 2's admitted
-    # samples wait for the next step
-    assert actor.micro_batches == [2, 2] and window.samples == 4 and actor.steps == 1
-    assert sorted(s.episode_id for s, _ in ready) == [4, 4, 5, 5]
+    window = Window()
+    assert actor.next_step(puller, Assembler(2), window) is None
+    # the three groups arrive in one pull: groups 1 and 2 admitted (8 samples, the step due at 4) and trained whole
+    # in this step's micro-batches (2 samples each)
+    assert actor.micro_batches == [2, 2, 2, 2] and window.samples == 8 and actor.steps == 1
     assert all(3 - v <= 1 for v, _, _ in actor.reached_loss)
-    assert {e for _, e, _ in actor.reached_loss} == {2, 3}
+    assert {e for _, e, _ in actor.reached_loss} == {2, 3, 4, 5}
     # GRPO: one success and one failure in a group of two: advantages +1 and -1 (population std)
     assert sorted({round(a, 4) for _, _, a in actor.reached_loss}) == [-1.0, 1.0]
     metrics = actor.gate.metrics()  # 3 groups = 12 samples reached the gate: lags 2, 2, 2, 2 | 1, 1, 0, 0 | 0, 0, 1, 1
@@ -123,29 +123,48 @@ def test_no_sample_older_than_max_staleness_reaches_a_loss():
 
 
 @pytest.mark.usefixtures("one_rank")
-def test_a_sample_left_over_by_a_step_is_not_trained_once_it_is_older_than_the_bound():
-    """The step at version 3 takes 4 of 8 admitted samples, group 1's (version 3); group 2's are left over, version
-    2 (1 behind, admitted). After the step the actor is at version 4: they are 2 behind, dropped and counted as
-    expired, and the next step trains a fresh group only."""
-    actor = bare_actor(version=3, max_staleness=1, asynchronous=True, batch=4)
-    window, ready, assembler = Window(), [], Assembler(2)
-    actor.next_step(FakePuller(stream({2: 3, 3: 3, 4: 2, 5: 2}, {e: e % 2 == 0 for e in range(2, 6)})),
-                    assembler, ready, window)
-    assert sorted((s.episode_id, s.version) for s, _ in ready) == [(4, 2), (4, 2), (5, 2), (5, 2)]
-    actor.version.advance()
-    actor.gate.reset()
-    actor.reached_loss.clear()
-    actor.next_step(FakePuller(stream({6: 4, 7: 4}, {6: True, 7: False})), assembler, ready, Window())
-    assert all(4 - v <= 1 for v, _, _ in actor.reached_loss)
-    assert sorted({e for _, e, _ in actor.reached_loss}) == [6, 7]
-    assert actor.gate.metrics()["rl/expired_stale"] == 4
+def test_an_async_step_trains_its_last_group_whole():
+    """train.global_batch_size 6, groups of 4 samples arriving one at a time: the first group is trained as two
+    micro-batches, the second one makes the step due (8 >= 6) and is trained whole in it, all 4 samples, rather than
+    2 of them now and its other episode at the next version; the gradient is the mean over the 8 (rescaled from 6)."""
+    actor = bare_actor(version=3, max_staleness=1, asynchronous=True, batch=6)
+    actor.optimizer = torch.optim.SGD(actor.model.parameters(), lr=1.0)
+    actor.config.train.grad_clip = 0.0  # no clipping: the step is the gradient itself
+    actor.micro_batch = actor._micro_batch
+
+    def unit_gradient(items, weight):  # d(loss)/d(bias) = weight: a mean over `total` samples gives 1 in all
+        actor.micro_batch(items, weight)
+        (actor.model.bias.sum() * weight).backward()
+        return {"loss/policy": 0.0}
+
+    actor._micro_batch = unit_gradient
+    bias = float(actor.model.bias.detach())
+    window = Window()
+    versions = {2: 3, 3: 3, 4: 3, 5: 3}
+    assert actor.next_step(FakePuller(stream(versions, {e: e % 2 == 0 for e in versions}), per_pull=3),
+                           Assembler(2), window) is None
+    assert actor.steps == 1 and actor.micro_batches == [2, 2, 2, 2] and window.samples == 8
+    assert sorted({e for _, e, _ in actor.reached_loss}) == [2, 3, 4, 5]
+    assert float(actor.model.bias.detach()) == pytest.approx(bias - 1.0)  # SGD, lr 1: one mean gradient of 1, not 8/6
+
+
+def test_when_an_async_step_is_due_by_hand():
+    """Actor._batch_due(informative, flat, target) with target 10: a step is due at 10 samples with a gradient; with
+    fewer but some, once FLAT_BATCHES x 10 samples (both kinds) reached it; with none at FLAT_BATCHES_MAX x 10."""
+    from embodyhpc.rl.actor import FLAT_BATCHES, FLAT_BATCHES_MAX
+
+    due = Actor._batch_due
+    assert (FLAT_BATCHES, FLAT_BATCHES_MAX) == (2, 8)
+    assert due(10, 0, 10) and not due(9, 0, 10)
+    assert due(1, 19, 10) and not due(1, 18, 10)  # 20 seen with 1 informative: step on that one
+    assert due(0, 80, 10) and not due(0, 79, 10)  # nothing informative: a run still ends
 
 
 @pytest.mark.usefixtures("one_rank")
 def test_sync_steps_once_over_the_whole_round():
     actor = bare_actor(version=0, max_staleness=0, asynchronous=False, batch=4)
     versions, window = {e: 0 for e in range(4)}, Window()
-    actor.next_step(FakePuller(stream(versions, {0: True, 1: False, 2: False, 3: False})), Assembler(2), [], window)
+    actor.next_step(FakePuller(stream(versions, {0: True, 1: False, 2: False, 3: False})), Assembler(2), window)
     # the round's 4 episodes x 2 chunks in one optimizer step, less the group whose rewards are equal (advantage 0:
     # no gradient, and counted in the mean it would only shrink the step)
     assert actor.micro_batches == [2, 2] and actor.steps == 1 and window.zero_advantage == 4
@@ -167,7 +186,7 @@ def test_ppo_trains_each_micro_batch_on_advantages_normalised_over_it(tmp_path, 
                                              model=SimpleNamespace(state_key="observation.state")),
                              lambda state: state, 2, torch.device("cpu"), tmp_path)
     window = Window()
-    actor.next_step(FakePuller(stream({0: 0, 1: 0}, {0: True, 1: False})), Assembler(1), [], window)
+    actor.next_step(FakePuller(stream({0: 0, 1: 0}, {0: True, 1: False})), Assembler(1), window)
     decay = 0.99 * 0.95
     raw = [decay, 1.0, 0.0, 0.0]  # episode 0's chunks, then episode 1's
     if normalize:
@@ -276,7 +295,7 @@ def test_a_version_logs_the_issue_metrics_with_the_times_the_roles_reported():
         message.fields.update(env_s=2.0)
         messages.append(message)
     assembler, window = Assembler(2), Window()
-    actor.next_step(FakePuller(messages), assembler, [], window)
+    actor.next_step(FakePuller(messages), assembler, window)
     actor._log(1, window, assembler)
     ((step, metrics),) = written
     assert step == 1 and all(key in metrics for key in ISSUE_METRICS), sorted(set(ISSUE_METRICS) - set(metrics))
