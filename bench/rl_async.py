@@ -17,8 +17,9 @@ actor's full queue). The straggler: env worker 0 sleeps --straggler-delay second
 worker's envs and the actor busy. "Final success": the episodes of the last FINAL_VERSIONS versions (env/success_once
 x env/episodes, training seeds) with a 95% Wilson interval per arm, the same number of versions each, and the
 asynchronous versions sized like the synchronous rounds (--async-batch: train.global_batch_size 256 chunk samples,
-where a round of 32 episodes trains about 250-350; the recipe's 64 would make async versions four times smaller
-steps, and success per version incomparable); the speed-up counts when the arms' intervals overlap.
+at least: a step ends with the group that reached it; a round of 32 episodes trains about 250-350; the recipe's 128
+would make async versions about half as large, and success per version incomparable); the speed-up counts when the
+arms' intervals overlap.
 --eval-episodes N adds the held-out evaluation of each final policy (eval.seeds [100]): the same goals, episodes
 and number of versions per arm, compared by their 95% Wilson intervals (equal final success = overlapping
 intervals). --per-version prints each run's versions: samples admitted / rejected as stale, staleness mean / max,
