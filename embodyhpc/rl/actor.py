@@ -272,15 +272,12 @@ class Actor:
                     break
                 for group in assembler.complete_groups():
                     ready.extend(self._admit(group, window))
-                if self.rl.async_:
-                    if self._batch_due(consumed + len(ready), window.zero_advantage, target):
-                        box[0], ready[:] = self._box("step", list(ready)), []
-                        break
-                    if len(ready) >= per_micro:
-                        box[0], ready[:] = self._box("micro", ready[:per_micro]), ready[per_micro:]
-                        break
-                elif window.episodes >= self.rl.episodes_per_iteration:
-                    box[0], ready[:] = self._box("step", list(ready)), []
+                if (self._batch_due(consumed + len(ready), window.zero_advantage, target) if self.rl.async_
+                        else window.episodes >= self.rl.episodes_per_iteration):
+                    box[0], ready[:] = self._box("step", list(ready)), []  # all of it, in both modes
+                    break
+                if self.rl.async_ and len(ready) >= per_micro:
+                    box[0], ready[:] = self._box("micro", ready[:per_micro]), ready[per_micro:]
                     break
                 waited = time.perf_counter()
                 for message in self._pull(puller):
