@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,22 @@ def slurm_cluster():
     return os.environ["SLURM_CONF"]
 
 
+@pytest.fixture(autouse=True)
+def _slurm_nodes_usable(request):
+    """Every slurm test starts on usable nodes (tests/slurm_health.py: a lost node is healed and reported as a
+    warning; a node drained by an unkillable step fails the test with Slurm's reason)."""
+    if request.node.get_closest_marker("slurm") is not None:
+        from tests import slurm_health
+
+        try:
+            healed = slurm_health.ensure_usable()
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
+        if healed:
+            warnings.warn(pytest.PytestWarning(f"slurm cluster before {request.node.nodeid}: {healed}"), stacklevel=1)
+    yield
+
+
 def pytest_collection_modifyitems(config, items):
     """The heaviest files first (tests/budget.py); the gpu policy (below)."""
     order_by_weight(items)
@@ -143,6 +160,10 @@ def pytest_runtest_makereport(item, call):
                            "(tests/conftest.py gpu policy)")
         if hasattr(report, "wasxfail"):
             del report.wasxfail
+    if report.failed and item.get_closest_marker("slurm") is not None:
+        from tests import slurm_health
+
+        report.sections.append(("slurm cluster at the failure", slurm_health.snapshot()))
     return report
 
 
