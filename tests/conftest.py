@@ -86,7 +86,7 @@ def slurm_cluster():
 @pytest.fixture(autouse=True)
 def _slurm_nodes_usable(request):
     """Every slurm test starts on usable nodes (tests/slurm_health.py: a lost node is healed and reported as a
-    warning; a node drained by an unkillable step fails the test with Slurm's reason)."""
+    warning naming Slurm's reason; nodes still unusable after the bound fail the test with the cluster's state)."""
     if request.node.get_closest_marker("slurm") is not None:
         from tests import slurm_health
 

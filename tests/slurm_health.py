@@ -42,8 +42,8 @@ def node_states() -> dict[str, tuple[str, str]]:
 
 
 def unusable(states: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
-    """The nodes a job cannot start on: any state but idle/mixed/allocated/completing, or one with a flag
-    (`down*`, `idle*`: not responding; `drained`, `draining`, `fail`...)."""
+    """The nodes a job cannot start on: any state but USABLE's, or one with a flag (`down*`, `idle*`: not
+    responding; `drained`, `draining`, `fail`...)."""
     return {name: sr for name, sr in states.items() if sr[0] not in USABLE}
 
 
@@ -56,14 +56,17 @@ def ensure_usable(bound_s: float = BOUND_S) -> str:
     found = "; ".join(f"{name} {state} ({reason})" for name, (state, reason) in sorted(bad.items()))
     for name in bad:  # first: `start` waits for every node to be usable
         _run("scontrol", "update", f"NodeName={name}", "State=RESUME")
-    start = subprocess.run(["bash", str(REPO / "tools" / "slurm-local.sh"), "start"], capture_output=True,
-                           text=True, timeout=bound_s)
+    try:
+        started = subprocess.run(["bash", str(REPO / "tools" / "slurm-local.sh"), "start"], capture_output=True,
+                                 text=True, timeout=bound_s).stderr
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        started = f"tools/slurm-local.sh start: {exc}"
     deadline = time.monotonic() + bound_s
     while (still := unusable(node_states())) and time.monotonic() < deadline:
         time.sleep(1)
     if still:
         raise RuntimeError(f"slurm node(s) unusable before this test ({found}) and still after restarting slurmd "
-                           f"and resuming them for {bound_s:.0f} s: {still}\n{start.stderr[-2000:]}\n{snapshot()}")
+                           f"and resuming them for {bound_s:.0f} s: {still}\n{started[-2000:]}\n{snapshot()}")
     return f"found {found}; slurmd restarted where dead and the nodes resumed"
 
 

@@ -83,3 +83,13 @@ def test_nodes_still_lost_after_the_bound_fail_with_the_cluster_snapshot(cluster
         slurm_health.ensure_usable(bound_s=0.0)
     text = str(caught.value)
     assert "still after restarting slurmd" in text and "line 49" in text and "line 19\n" not in text
+
+
+def test_a_start_that_hangs_is_bounded_and_named(cluster, monkeypatch):
+    cluster(RECORDED["lost"], RECORDED["lost"])
+
+    def hangs(argv, **kwargs):
+        raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+    monkeypatch.setattr(slurm_health.subprocess, "run", hangs)
+    with pytest.raises(RuntimeError, match=r"slurm-local.sh start: Command .* timed out after 0.0 seconds"):
+        slurm_health.ensure_usable(bound_s=0.0)
