@@ -2,7 +2,7 @@
 responding when a test starts, and what the cluster looked like when a test failed.
 
 Why: in one CI run every job of the `het` partition (3 nodes) stayed unfinished for its test's whole bound, six
-tests in a row, while jobs of the 2-node partition ran; the log said only "timed out". A node the cluster lost
+tests in a row, after every 2-node test had passed; the log said only "timed out". A node the cluster lost
 between tests makes every later multi-node test fail the same way, so each slurm test starts on usable nodes:
 a node found down or not responding has its slurmd started again (tools/slurm-local.sh start, which only starts
 what is missing) and is resumed, and the finding is reported as a warning that names the node, its state and
