@@ -73,7 +73,9 @@ def ensure_usable(bound_s: float = BOUND_S) -> str:
 def snapshot(log_lines: int = 30) -> str:
     """The queue, the nodes with their reasons, and the tail of the controller's log: what a failed slurm test's
     report carries."""
-    conf = Path(os.environ.get("SLURM_CONF", "/tmp/slurm-local/etc/slurm.conf"))
+    from tests.conftest import DEFAULT_SLURM_CONF
+
+    conf = Path(os.environ.get("SLURM_CONF", DEFAULT_SLURM_CONF))
     log = conf.parents[1] / "log" / "slurmctld.log"
     try:
         tail = "".join(log.read_text(errors="replace").splitlines(True)[-log_lines:])
