@@ -359,7 +359,8 @@ class Actor:
             window.add_loss(stats, len(mine))
         window.samples += len(items)
         if self.critic is not None and self.rank == 0:
-            window.add_values([s for s, _ in items])
+            trained = [s for s, _ in items]
+            window.add_values(trained, self.critic.clipped(trained))
 
     def _step(self, window: Window, consumed: int) -> None:
         """Clip, optimizer step (the policy's and the critic's). Async: gradients were scaled for
@@ -377,7 +378,7 @@ class Actor:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic is not None:
-            self.critic.step(self.world, self.group)
+            window.loss["value_grad_norm"] = self.critic.step(self.world, self.group, self.config.train.grad_clip)
 
     def _micro_batch(self, items: list[tuple[ChunkSample, float]], weight: float) -> dict[str, float]:
         samples = [s for s, _ in items]

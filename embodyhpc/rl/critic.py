@@ -70,6 +70,12 @@ def explained_variance(returns: torch.Tensor, values: torch.Tensor) -> float | N
 
 
 CRITIC_FILE = "critic-step-{version}.pt"
+STATE_CLIP = 10.0
+"""The critic reads the normalised state clipped to [-STATE_CLIP, STATE_CLIP] (as Stable-Baselines3's VecNormalize,
+clip_obs=10). A mean_std normaliser divides by the demonstrations' spread: a dimension the demonstrations hardly moved
+(MetaWorld reach-v3: the gripper opening, std 1e-3; the untouched puck's quaternion, std 1e-5) becomes 10^2-10^4 once
+an exploring policy moves it, and an MLP's value of such a state is as large, its error the value loss and, through
+GAE, the advantages."""
 
 
 class ValueHead:
@@ -89,13 +95,18 @@ class ValueHead:
         self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.rl.value_lr)
 
     def inputs(self, samples: list) -> tuple[torch.Tensor, torch.Tensor]:
-        """(normalised states [N, state_dim], task indices [N]) of chunk samples."""
+        """(normalised states clipped to +-STATE_CLIP [N, state_dim], task indices [N]) of chunk samples."""
         states = torch.stack([torch.as_tensor(np.asarray(self.normalizer(np.asarray(s.observation[self.state_key],
                                                                                     np.float32)), np.float32))
                               for s in samples]).to(self.device)
         tasks = torch.tensor([self.plan.tasks.index(self.plan.initial_state(s.episode_id)[0]) for s in samples],
                              device=self.device)
-        return states, tasks
+        return states.clamp(-STATE_CLIP, STATE_CLIP), tasks
+
+    def clipped(self, samples: list) -> int:
+        """How many samples have a normalised state entry beyond +-STATE_CLIP (rl/critic_state_clipped: their share)."""
+        return sum(bool(np.any(np.abs(np.asarray(self.normalizer(np.asarray(s.observation[self.state_key], np.float32)),
+                                                 np.float32)) > STATE_CLIP)) for s in samples)
 
     def file(self, version: int) -> Path:
         return self.root / CRITIC_FILE.format(version=version)
@@ -150,8 +161,10 @@ class ValueHead:
         old = torch.tensor([float(s.observation["_value"]) for s in samples], device=self.device)
         return losses.value_loss(self.critic(*self.inputs(samples)), returns, old, self.rl.clip_eps)
 
-    def step(self, world: int, group) -> None:
-        """The critic is not sharded: its gradients are averaged over the actor ranks, then its optimizer steps."""
+    def step(self, world: int, group, max_norm: float) -> float:
+        """The critic is not sharded: its gradients are averaged over the actor ranks, clipped to `max_norm` (the
+        policy's train.grad_clip, on the critic's own norm: its loss and optimizer are its own; <= 0: no clip), then
+        its optimizer steps. Returns the norm before clipping (loss/value_grad_norm)."""
         if world > 1:
             import torch.distributed as dist
 
@@ -160,8 +173,11 @@ class ValueHead:
                     param.grad = torch.zeros_like(param)
                 dist.all_reduce(param.grad, group=group)
                 param.grad.div_(world)
+        norm = torch.nn.utils.clip_grad_norm_(list(self.critic.parameters()),
+                                              max_norm if max_norm > 0 else float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
 
     def parameters(self):
         return self.critic.parameters()

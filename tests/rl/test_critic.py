@@ -95,7 +95,7 @@ def test_explained_variance_of_a_version_against_a_hand_computation():
         explained_variance(torch.zeros(3), torch.zeros(2))
 
 
-def _value_head(tmp_path):
+def _value_head(tmp_path, normalizer=lambda state: state * 2.0):
     from types import SimpleNamespace
 
     from embodyhpc.rl.critic import ValueHead
@@ -103,7 +103,7 @@ def _value_head(tmp_path):
     rl = SimpleNamespace(train_seeds=[1], group_size=2, value_lr=1e-3, gamma=0.99, gae_lambda=0.95, clip_eps=0.2)
     config = SimpleNamespace(rl=rl, eval=SimpleNamespace(tasks=["reach-v3"]),
                              model=SimpleNamespace(state_key="observation.state"))
-    return ValueHead(config, lambda state: state * 2.0, 3, torch.device("cpu"), tmp_path)
+    return ValueHead(config, normalizer, 3, torch.device("cpu"), tmp_path)
 
 
 def test_critic_files_are_kept_exactly_as_long_as_their_policy_checkpoints(tmp_path):
@@ -147,3 +147,54 @@ def test_gae_of_an_episode_through_the_value_head(tmp_path):
     assert head.advantages(samples, False) == [0.0, 0.0, 0.0]
     states, tasks = head.inputs(samples)
     assert states[:, 0].tolist() == [0.0, 2.0, 4.0] and tasks.tolist() == [0, 0, 0]
+
+
+def test_the_critic_reads_the_normalised_state_clipped(tmp_path):
+    """A state dimension the demonstrations hardly moved is huge after mean_std once an exploring policy moves it:
+    the recorded case, MetaWorld reach-v3's gripper opening (demonstrations: mean 0.9976, std 0.0012) at 0.9 is
+    (0.9 - 0.9976) / 0.0012 = -81.3. The critic reads it clipped to -10 (Stable-Baselines3 VecNormalize's clip_obs),
+    the other entries unchanged, and counts the sample as clipped."""
+    import numpy as np
+
+    from embodyhpc.rl.critic import STATE_CLIP
+    from embodyhpc.rl.samples import ChunkSample
+
+    def gripper_norm(state):  # the recorded statistics of the gripper dimension; the others pass through
+        out = np.array(state, np.float32)
+        out[..., 1] = (out[..., 1] - 0.9976) / 0.0012
+        return out
+
+    head = _value_head(tmp_path, gripper_norm)
+    rows = [[0.5, 0.9976, -3.0], [0.5, 0.9, 12.0], [-1e5, 0.9976, 2.0]]
+    samples = [ChunkSample(env_id=0, episode_id=0, group_id=0, chunk_index=i,
+                           observation={"observation.state": np.array(row, np.float32)},
+                           trajectory=np.zeros((2, 1, 1), np.float32), log_prob=np.zeros((1, 1, 1), np.float32),
+                           version=0) for i, row in enumerate(rows)]
+    states, _ = head.inputs(samples)
+    assert STATE_CLIP == 10.0
+    assert torch.allclose(states, torch.tensor([[0.5, 0.0, -3.0], [0.5, -10.0, 10.0], [-10.0, 0.0, 2.0]]), atol=1e-3)
+    assert head.clipped(samples) == 2 and head.clipped(samples[:1]) == 0 and head.clipped([]) == 0
+    assert all(abs(v) < 1.0 for v in head.critic(*head.inputs(samples)).tolist())  # zero output layer: 0 each
+
+
+def test_the_critic_step_clips_its_own_gradient_norm(tmp_path):
+    """ValueHead.step clips the critic's gradients to max_norm on their own norm, returns the norm before clipping,
+    and steps its optimizer: with plain SGD at lr 1 the parameters move by exactly -grad * max_norm / norm."""
+    head = _value_head(tmp_path)
+    params = list(head.critic.parameters())
+    before = [p.detach().clone() for p in params]
+    grads = [torch.full_like(p, 0.5) for p in params]
+    norm = sum(float((g ** 2).sum()) for g in grads) ** 0.5  # 0.5 * sqrt(number of parameters)
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g.clone()
+    head.optimizer = torch.optim.SGD(params, lr=1.0)
+    assert head.step(1, None, 2.0) == pytest.approx(norm)
+    for p, b, g in zip(params, before, grads, strict=True):
+        assert torch.allclose(p.detach(), b - g * 2.0 / norm, atol=1e-6)
+        assert p.grad is None
+    for p, g in zip(params, grads, strict=True):  # max_norm <= 0: no clipping (train.grad_clip 0 means off)
+        p.grad = g.clone()
+    before = [p.detach().clone() for p in params]
+    head.step(1, None, 0.0)
+    for p, b, g in zip(params, before, grads, strict=True):
+        assert torch.allclose(p.detach(), b - g, atol=1e-6)
