@@ -4,14 +4,15 @@ every decision to the actor.
     worker = RolloutWorker(policy, server, pusher, weights, settings)
     worker.run()                    # until the actor's last version arrives; then every env worker is told to stop
 
-Dynamic batching by readiness (level 1): the observations that have arrived are batched, up to a cap, once every
-running env waits or the oldest waiting one has waited BATCH_MAX_WAIT_S (`batch_ready`): a slow env never holds up
-the others for longer than that bound (measured from the oldest arrival, so a trickle of arrivals cannot stretch
-it), and the policy is not called once per env (on a shared CPU a batch of one costs nearly what a batch of sixteen
-does). Measured on 2 cores (bench/rl_async.py): answering once half of the envs waited made batches of about half
-and cost async 0.90x sync's samples/s without a straggler, against 1.02-1.08x waiting for all (with a straggler the
-bound keeps both above 2x). Synchronous mode batches in lock-step instead: it waits for the observation of every env
-that is running an episode of the round, however long that takes.
+Dynamic batching by readiness (level 1): the observations that have arrived are batched, up to a cap, once an env
+worker would otherwise idle (every one of its running envs waits for an action: an env worker steps its envs one
+after the other, so until then it has work), once every running env waits, or once the oldest waiting one has waited
+BATCH_MAX_WAIT_S (`batch_ready`; measured from the oldest arrival, so a trickle of arrivals cannot stretch it). A slow
+env worker never holds up the others (its waiting envs ride along in their batches), and the policy is not called
+once per env: on a shared CPU a batch of one costs nearly what a batch of sixteen does. Measured on 2 cores
+(bench/rl_async.py, 2 env workers of 16 envs): answering after 50 ms made batches of 2.5 envs and cost 18 ms of
+inference per sample against 2.9 ms in sync's batches of 29. Synchronous mode batches in lock-step instead: it waits
+for the observation of every env that is running an episode of the round, however long that takes.
 
 Each decision is sampled with Flow-SDE (rl.denoise_steps, rl.noise_level), sent back to its env, and pushed to the
 actor at once as a ChunkSample stamped with the policy version that produced it (level 2: pieces, not episodes);
@@ -36,19 +37,20 @@ from embodyhpc.rl.flow_sde import sample_chunk
 from embodyhpc.rl.samples import ChunkSample
 from embodyhpc.rl.transport import PeerTimeout
 
-BATCH_MAX_WAIT_S = 0.05
-"""Async: a batch is answered once every running env waits for an action, or once its oldest observation has waited
-this long (the sync pipeline waits for every env, however slow)."""
+BATCH_MAX_WAIT_S = 1.0
+"""Async: the longest an observation waits for its batch when no env worker is idle (its worker is stepping its
+other envs meanwhile); the sync pipeline waits for every env, however slow."""
 POLL_S = 0.2
 """The longest the worker blocks before it looks at its weights again."""
 
 
-def batch_ready(pending: int, running: int, oldest_wait_s: float, max_batch: int) -> bool:
+def batch_ready(pending: int, running: int, oldest_wait_s: float, max_batch: int, worker_idle: bool = False) -> bool:
     """Async: answer the `pending` observations now? Yes once min(max_batch, running) of the `running` envs wait,
-    or the oldest of them has waited BATCH_MAX_WAIT_S."""
+    an env worker has every one of its running envs waiting (`worker_idle`), or the oldest has waited
+    BATCH_MAX_WAIT_S."""
     if pending <= 0:
         return False
-    return pending >= max(1, min(max_batch, running)) or oldest_wait_s >= BATCH_MAX_WAIT_S
+    return pending >= max(1, min(max_batch, running)) or worker_idle or oldest_wait_s >= BATCH_MAX_WAIT_S
 
 
 class WeightSource(Protocol):
@@ -212,9 +214,12 @@ class RolloutWorker:
         else:
             while self.pending:
                 waited = self.clock() - min(self.arrived[e] for e in self.pending)
-                if batch_ready(len(self.pending), len(self.active), waited, self.s.max_batch):
+                if batch_ready(len(self.pending), len(self.active), waited, self.s.max_batch, self._worker_idle()):
                     break
-                for peer, message in self.server.poll(max(BATCH_MAX_WAIT_S - waited, 0.0)):
+                swapped = self.weights.swap_if_ready()  # between two batches: staged weights go in while it waits
+                if swapped is not None:
+                    self.version = swapped
+                for peer, message in self.server.poll(min(max(BATCH_MAX_WAIT_S - waited, 0.0), POLL_S)):
                     self._take(peer, message)
             if not self.pending:  # a restarted env worker voided them meanwhile
                 return
@@ -224,9 +229,20 @@ class RolloutWorker:
             self.arrived.pop(env_id, None)
         self.act(requests)
 
+    def _worker_idle(self) -> bool:
+        """Async: does an env worker (a peer) have every one of its running envs waiting for an action?"""
+        waiting: dict[str, bool] = {}
+        for env_id in self.active:
+            peer = self.peers.get(env_id)
+            waiting[peer] = waiting.get(peer, True) and env_id in self.pending
+        return any(idle for peer, idle in waiting.items() if peer is not None)
+
     def act(self, requests: list[tuple[str, Message]]) -> None:
-        """Sample one chunk per observation (one batch), reply to each env, push each decision to the actor."""
+        """Sample one chunk per observation (one batch), reply to each env, push each decision to the actor; every
+        decision is stamped with the version that sampled it, also when a push blocked on the actor's full queue
+        swaps in newer weights before the batch's last decisions are pushed."""
         started = time.perf_counter()
+        version = self.version
         decoded = [observation_from(message) for _, message in requests]
         batch = self.observation_batch([obs for _, obs, _ in decoded])
         device = next(iter(self.model.parameters()), torch.empty(0)).device  # a GPU rollout worker: its batch there
@@ -246,7 +262,7 @@ class RolloutWorker:
         for i, ((peer, _), (env_id, obs, fields)) in enumerate(zip(requests, decoded, strict=True)):
             actions = trajectory[i, -1, :, :dims]
             try:
-                self.server.reply(peer, Message("action", {"env_id": env_id, "version": self.version},
+                self.server.reply(peer, Message("action", {"env_id": env_id, "version": version},
                                                 {"actions": np.ascontiguousarray(actions)}))
             except PeerTimeout:  # its env worker died: the restarted one re-runs the episode
                 self.active.discard(env_id)
@@ -254,7 +270,7 @@ class RolloutWorker:
             sample = ChunkSample(env_id=env_id, episode_id=int(fields["episode_id"]),
                                  group_id=int(fields["group_id"]), chunk_index=int(fields["chunk_index"]),
                                  observation=obs, trajectory=trajectory[i], log_prob=log_prob[i],
-                                 version=self.version)
+                                 version=version)
             message = sample_message(sample)
             unreported, self.push_wait_unreported = self.push_wait_unreported, 0.0
             message.fields.update(infer_s=infer_s / len(requests), rollout=self.s.rank, push_wait_s=unreported)

@@ -328,3 +328,49 @@ def test_a_silent_peer_ends_the_role_within_its_bound(kind):
         call()
     assert time.monotonic() - started < 5.0
     server.close()
+
+
+def test_a_batch_keeps_the_version_that_sampled_it_when_a_blocked_push_swaps_weights():
+    """The actor's queue is full at the batch's first push: while it waits the rollout swaps in version 6 (so the
+    actor can finish its broadcast), but the batch was sampled with version 5: every decision of it, pushed and
+    replied, says 5; the next batch says 6."""
+    from embodyhpc.rl.codec import Message, observation_message
+    from embodyhpc.rl.transport import PeerTimeout
+
+    class Replies:
+        def __init__(self) -> None:
+            self.sent: list[Message] = []
+
+        def reply(self, peer, message) -> None:
+            self.sent.append(message)
+
+    class FullOnce:
+        def __init__(self) -> None:
+            self.pushed, self.full = [], True
+
+        def push(self, message, timeout_s) -> float:
+            if self.full:
+                self.full = False
+                raise PeerTimeout("actor 0", timeout_s)
+            self.pushed.append(message)
+            return 0.0
+
+    weights = FakeWeights()
+    weights.current, weights.staged = 5, 6
+    plan = EpisodePlan(("walk",), (0,), 1, 2, 2)
+    settings = RolloutSettings(rank=0, slots=(0, 1), plan=plan, sync=False, iterations=100, denoise_steps=K,
+                               noise_level=NOISE, peer_timeout_s=5.0, seed=0)
+    server, pusher = Replies(), FullOnce()
+    worker = RolloutWorker(LinePolicy(), line_batch, server, pusher, weights, settings)
+    worker.version = 5
+
+    def requests():
+        return [("env-0", observation_message(e, {"observation.state": np.zeros(1, np.float32)}, worker=0,
+                                              episode_id=e, group_id=e, chunk_index=0)) for e in (0, 1)]
+
+    worker.act(requests())
+    assert worker.version == 6  # swapped while the push waited
+    assert [sample_from(m).version for m in pusher.pushed] == [5, 5]
+    assert [m.fields["version"] for m in server.sent] == [5, 5]
+    worker.act(requests())
+    assert [sample_from(m).version for m in pusher.pushed[2:]] == [6, 6]
