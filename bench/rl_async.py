@@ -18,12 +18,14 @@ worker's envs and the actor busy. "Final success": the episodes of the last FINA
 x env/episodes, training seeds) with a 95% Wilson interval per arm, the same number of versions each, and the
 asynchronous versions sized like the synchronous rounds (--async-batch: train.global_batch_size 256 chunk samples,
 at least: a step ends with the group that reached it; a round of 32 episodes trains about 250-350; the recipe's 128
-would make async versions about half as large, and success per version incomparable); the speed-up counts when the
-arms' intervals overlap.
---eval-episodes N adds the held-out evaluation of each final policy (eval.seeds [100]): the same goals, episodes
-and number of versions per arm, compared by their 95% Wilson intervals (equal final success = overlapping
-intervals). --per-version prints each run's versions: samples admitted / rejected as stale, staleness mean / max,
-the importance weights and their capped share, the success of the episodes that ended.
+would make async versions about half as large, and success per version incomparable). Those training episodes lag
+behind in the asynchronous arm by design (they were played by versions up to rl.max_staleness older, with Flow-SDE
+noise), so equal final success is judged on the final policies: the held-out evaluation of each (--eval-episodes,
+default 48; eval.seeds [100]: the same goals, episodes and number of versions per arm), equal when their 95% Wilson
+intervals overlap; --eval-episodes 0 skips it and falls back on the training episodes. --per-version prints each
+run's versions: samples admitted / rejected as stale, staleness mean / max, the importance weights and their capped
+share, the success of the episodes that ended. --max-staleness sets rl.max_staleness in both arms (the synchronous
+one never has a stale sample).
 
 Goal (issue 31): async >= 1.5x sync with a straggler and >= 1.2x without, at equal final success. On 2 cores the
 roles (2 env workers, 1 rollout worker, 1 actor rank) share the cores, so overlap can only hide waiting, not add
@@ -94,6 +96,8 @@ def run_case(out: Path, *, init: Path, demos: Path, is_async: bool, straggler: f
                  f"rl.async={str(is_async).lower()}", f"rl.straggler_delay_s={straggler}",
                  f"rl.iterations={args.iterations}", f"rl.env_workers={args.env_workers}",
                  f"eval.enabled={str(evaluate).lower()}"]
+    if args.max_staleness is not None:
+        overrides.append(f"rl.max_staleness={args.max_staleness}")
     if is_async:  # steps of about a synchronous round's chunk samples: versions of the two arms compare
         overrides.append(f"train.global_batch_size={args.async_batch}")
     if evaluate:
@@ -156,7 +160,10 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=5, help="policy versions per case")
     parser.add_argument("--env-workers", type=int, default=2)
     parser.add_argument("--straggler-delay", type=float, default=0.02, help="seconds per env step of worker 0")
-    parser.add_argument("--eval-episodes", type=int, default=0, help="held-out evaluation of each final policy")
+    parser.add_argument("--eval-episodes", type=int, default=48,
+                        help="held-out evaluation of each final policy (0: none; equal final success is then judged "
+                             "on the training episodes)")
+    parser.add_argument("--max-staleness", type=int, help="rl.max_staleness in both arms (default: the recipe's)")
     parser.add_argument("--async-batch", type=int, default=256,
                         help="async: chunk samples per version (train.global_batch_size; a multiple of 64); a sync "
                              "round of 32 episodes trains about 250-350")
@@ -216,16 +223,17 @@ def main() -> None:
               f"{1 / max(busy[False], 1e-9):.2f}x on these cores")
         finals = {a: [r["final"] for r in pick if r["async"] is a] for a in (False, True)}
         overlap = all(fa[2] <= fs[3] and fs[2] <= fa[3] for fs in finals[False] for fa in finals[True])
-        print(f"{'with' if straggler else 'without'} straggler: final success (last {FINAL_VERSIONS} versions) sync "
+        print(f"{'with' if straggler else 'without'} straggler: training episodes of the last {FINAL_VERSIONS} "
+              f"versions (played by versions up to rl.max_staleness older in async) sync "
               f"{[f'{f[0]}/{f[1]}' for f in finals[False]]} vs async {[f'{f[0]}/{f[1]}' for f in finals[True]]}: "
-              f"Wilson intervals {'overlap (equal within noise)' if overlap else 'DO NOT overlap'}")
+              f"Wilson intervals {'overlap' if overlap else 'do not overlap'}")
         held = {a: [r["eval"] for r in pick if r["async"] is a and "eval" in r] for a in (False, True)}
         if held[False] and held[True]:  # the same held-out goals, episodes and number of versions per arm
             same = all(ea[2] <= es[3] and es[2] <= ea[3] for es in held[False] for ea in held[True])
             print(f"{'with' if straggler else 'without'} straggler: held-out success sync "
                   f"{[f'{e[0]}/{e[1]} [{e[2]:.2f}, {e[3]:.2f}]' for e in held[False]]} vs async "
                   f"{[f'{e[0]}/{e[1]} [{e[2]:.2f}, {e[3]:.2f}]' for e in held[True]]}: Wilson intervals "
-                  f"{'overlap (equal within noise)' if same else 'DO NOT overlap'}")
+                  f"{'overlap: equal final success' if same else 'DO NOT overlap: final success differs'}")
     print(f"uptime at the end: {uptime()}")
     print(f"runs: {work}")
 
