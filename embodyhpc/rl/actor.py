@@ -360,7 +360,7 @@ class Actor:
         window.samples += len(items)
         if self.critic is not None and self.rank == 0:
             trained = [s for s, _ in items]
-            window.add_values(trained, self.critic.clipped(trained))
+            window.add_values(trained, self.critic.out_of_range(trained))
 
     def _step(self, window: Window, consumed: int) -> None:
         """Clip, optimizer step (the policy's and the critic's). Async: gradients were scaled for

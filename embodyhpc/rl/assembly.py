@@ -79,7 +79,7 @@ class Window:
         self.samples = 0
         self.zero_advantage = 0
         self.value_pairs: list[tuple[float, float]] = []  # PPO: (return, value the advantage used) per trained sample
-        self.critic_clipped = 0  # PPO: trained samples whose state the critic read clipped (critic.STATE_CLIP)
+        self.out_of_range = 0  # PPO: trained samples with a normalised state entry beyond critic.OUT_OF_RANGE
         self.loss: dict[str, float] = {}
         self._loss_sums: dict[str, float] = defaultdict(float)
         self._loss_n = 0
@@ -101,11 +101,11 @@ class Window:
                 self._loss_sums[key] += value * n
             self._loss_n += n
 
-    def add_values(self, samples: list[ChunkSample], clipped: int = 0) -> None:
+    def add_values(self, samples: list[ChunkSample], out_of_range: int = 0) -> None:
         """PPO: the GAE return and the critic's value (before this step's update) of each sample trained, and how many
-        of them had their state clipped for the critic."""
+        of them had a normalised state entry out of range."""
         self.value_pairs += [(float(s.observation["_return"]), float(s.observation["_value"])) for s in samples]
-        self.critic_clipped += clipped
+        self.out_of_range += out_of_range
 
     def metrics(self) -> dict[str, float]:
         n = max(self.episodes, 1)
@@ -123,6 +123,6 @@ class Window:
             explained = explained_variance(pairs[:, 0], pairs[:, 1])
             if explained is not None:
                 out["rl/explained_variance"] = explained
-            out["rl/critic_state_clipped"] = self.critic_clipped / len(self.value_pairs)
+            out["rl/state_out_of_range"] = self.out_of_range / len(self.value_pairs)
         out.update(self.loss)
         return out

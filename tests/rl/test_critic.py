@@ -149,14 +149,14 @@ def test_gae_of_an_episode_through_the_value_head(tmp_path):
     assert states[:, 0].tolist() == [0.0, 2.0, 4.0] and tasks.tolist() == [0, 0, 0]
 
 
-def test_the_critic_reads_the_normalised_state_clipped(tmp_path):
+def test_states_out_of_the_demonstrations_range_are_counted_and_read_as_they_are(tmp_path):
     """A state dimension the demonstrations hardly moved is huge after mean_std once an exploring policy moves it:
     the recorded case, MetaWorld reach-v3's gripper opening (demonstrations: mean 0.9976, std 0.0012) at 0.9 is
-    (0.9 - 0.9976) / 0.0012 = -81.3. The critic reads it clipped to -10 (Stable-Baselines3 VecNormalize's clip_obs),
-    the other entries unchanged, and counts the sample as clipped."""
+    (0.9 - 0.9976) / 0.0012 = -81.33. It is counted out of range (beyond +-10), and the critic reads it unclipped,
+    as the policy does."""
     import numpy as np
 
-    from embodyhpc.rl.critic import STATE_CLIP
+    from embodyhpc.rl.critic import OUT_OF_RANGE
     from embodyhpc.rl.samples import ChunkSample
 
     def gripper_norm(state):  # the recorded statistics of the gripper dimension; the others pass through
@@ -165,16 +165,15 @@ def test_the_critic_reads_the_normalised_state_clipped(tmp_path):
         return out
 
     head = _value_head(tmp_path, gripper_norm)
-    rows = [[0.5, 0.9976, -3.0], [0.5, 0.9, 12.0], [-1e5, 0.9976, 2.0]]
+    rows = [[0.5, 0.9976, -3.0], [0.5, 0.9, 9.5], [-1e5, 0.9976, 2.0]]
     samples = [ChunkSample(env_id=0, episode_id=0, group_id=0, chunk_index=i,
                            observation={"observation.state": np.array(row, np.float32)},
                            trajectory=np.zeros((2, 1, 1), np.float32), log_prob=np.zeros((1, 1, 1), np.float32),
                            version=0) for i, row in enumerate(rows)]
     states, _ = head.inputs(samples)
-    assert STATE_CLIP == 10.0
-    assert torch.allclose(states, torch.tensor([[0.5, 0.0, -3.0], [0.5, -10.0, 10.0], [-10.0, 0.0, 2.0]]), atol=1e-3)
-    assert head.clipped(samples) == 2 and head.clipped(samples[:1]) == 0 and head.clipped([]) == 0
-    assert all(abs(v) < 1.0 for v in head.critic(*head.inputs(samples)).tolist())  # zero output layer: 0 each
+    assert OUT_OF_RANGE == 10.0
+    assert torch.allclose(states, torch.tensor([[0.5, 0.0, -3.0], [0.5, -81.333, 9.5], [-1e5, 0.0, 2.0]]), atol=1e-2)
+    assert head.out_of_range(samples) == 2 and head.out_of_range(samples[:1]) == 0 and head.out_of_range([]) == 0
 
 
 def test_the_critic_step_clips_its_own_gradient_norm(tmp_path):
