@@ -11,8 +11,9 @@ BATCH_MAX_WAIT_S (`batch_ready`; measured from the oldest arrival, so a trickle 
 env worker never holds up the others (its waiting envs ride along in their batches), and the policy is not called
 once per env: on a shared CPU a batch of one costs nearly what a batch of sixteen does. Measured on 2 cores
 (bench/rl_async.py, 2 env workers of 16 envs): answering after 50 ms made batches of 2.5 envs and cost 18 ms of
-inference per sample against 2.9 ms in sync's batches of 29. Synchronous mode batches in lock-step instead: it waits
-for the observation of every env that is running an episode of the round, however long that takes.
+inference per sample against 2.9 ms in sync's batches of 29; this rule batches 26 envs at 2.9 ms. Synchronous mode
+batches in lock-step instead: it waits for the observation of every env that is running an episode of the round,
+however long that takes.
 
 Each decision is sampled with Flow-SDE (rl.denoise_steps, rl.noise_level), sent back to its env, and pushed to the
 actor at once as a ChunkSample stamped with the policy version that produced it (level 2: pieces, not episodes);
