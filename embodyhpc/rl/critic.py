@@ -107,8 +107,9 @@ class ValueHead:
     def out_of_range(self, samples: list) -> int:
         """How many samples have a normalised state entry beyond +-OUT_OF_RANGE (rl/state_out_of_range: their
         share)."""
-        return sum(bool(np.any(np.abs(np.asarray(self.normalizer(np.asarray(s.observation[self.state_key], np.float32)),
-                                                 np.float32)) > OUT_OF_RANGE)) for s in samples)
+        if not samples:
+            return 0
+        return int((self.inputs(samples)[0].abs() > OUT_OF_RANGE).any(dim=-1).sum())
 
     def file(self, version: int) -> Path:
         return self.root / CRITIC_FILE.format(version=version)
