@@ -4,6 +4,7 @@ one (rl.async: false), on the same processes and cores, with and without a delib
     python bench/rl_async.py                                    # builds a few-shot SFT policy first (~1 min)
     python bench/rl_async.py --init-weights RUN/export --data DEMOS   # an SFT export and its demonstrations
     python bench/rl_async.py --iterations 8 --straggler-delay 0.02 --env-workers 2 --eval-episodes 24
+    python bench/rl_async.py --init-weights RUN/export --data DEMOS --repeats 3 --seed 1 --settings no-straggler
 
 Each case is `embodyhpc submit recipes/rl_metaworld_cpu.yaml --local` (the three roles as local processes: actor,
 rollout worker, env workers) from the same SFT export, for the same number of policy versions; the cases run one
@@ -21,10 +22,13 @@ at least: a step ends with the group that reached it; a round of 32 episodes tra
 would make async versions about half as large, and success per version incomparable). Those training episodes lag
 behind in the asynchronous arm by design (they were played by versions up to rl.max_staleness older, with Flow-SDE
 noise), so equal final success is judged on the final policies: the held-out evaluation of each (--eval-episodes,
-default 48; eval.seeds [100]: the same goals, episodes and number of versions per arm), equal when their 95% Wilson
-intervals overlap; --eval-episodes 0 skips it and falls back on the training episodes. --per-version prints each
-run's versions: samples admitted / rejected as stale, staleness mean / max, the importance weights and their capped
-share, the success of the episodes that ended. --max-staleness sets rl.max_staleness in both arms (the synchronous
+default 48; eval.seeds [100]: the same goals, episodes and number of versions per arm), equal when the 95% Wilson
+intervals of the successes pooled over the pairs overlap (pair i runs train.seed --seed + i in both arms: the
+rollouts' noise, and with it how soon a few versions take off, differs from seed to seed in either arm: held-out 48,
+19, 30 of 48 for sync and 45, 0, 47 for async over seeds 1-3 on 2026-11-27, so one pair judges nothing);
+--eval-episodes 0 skips it and falls back on the training episodes. --per-version prints each run's versions:
+samples admitted / rejected as stale, staleness mean / max, the importance weights and their capped share, the
+success of the episodes that ended. --max-staleness sets rl.max_staleness in both arms (the synchronous
 one never has a stale sample).
 
 Goal (issue 31): async >= 1.5x sync with a straggler and >= 1.2x without, at equal final success. On 2 cores the
@@ -90,9 +94,9 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def run_case(out: Path, *, init: Path, demos: Path, is_async: bool, straggler: float, args) -> dict:
+def run_case(out: Path, *, init: Path, demos: Path, is_async: bool, straggler: float, seed: int, args) -> dict:
     evaluate = args.eval_episodes > 0
-    overrides = [f"job.runs_root={out}", f"model.init_weights={init}", f"data.root={demos}",
+    overrides = [f"job.runs_root={out}", f"model.init_weights={init}", f"data.root={demos}", f"train.seed={seed}",
                  f"rl.async={str(is_async).lower()}", f"rl.straggler_delay_s={straggler}",
                  f"rl.iterations={args.iterations}", f"rl.env_workers={args.env_workers}",
                  f"eval.enabled={str(evaluate).lower()}"]
@@ -119,7 +123,7 @@ def run_case(out: Path, *, init: Path, demos: Path, is_async: bool, straggler: f
     successes = int(round(sum(m.get("env/success_once", 0.0) * m["env/episodes"] for m in last)))
     roles = {key: sum(m.get(f"time/{key}", 0.0) for m in steady) / max(step_s, 1e-9)
              for key in ("env_s", "rollout_s", "actor_s", "sync_s", "push_wait_s")}
-    row = {"async": is_async, "straggler_s": straggler, "versions": len(metrics), "wall_s": wall_s,
+    row = {"async": is_async, "straggler_s": straggler, "seed": seed, "versions": len(metrics), "wall_s": wall_s,
            "env_steps_per_s": env_steps / max(step_s, 1e-9), "samples_per_s": admitted / max(step_s, 1e-9),
            "trained_per_s": trained / max(step_s, 1e-9),
            "final": (successes, episodes, *wilson_interval(successes, episodes)),
@@ -168,6 +172,10 @@ def main() -> None:
                         help="async: chunk samples per version (train.global_batch_size; a multiple of 64); a sync "
                              "round of 32 episodes trains about 250-350")
     parser.add_argument("--repeats", type=int, default=1, help="sync/async pairs per setting (interleaved)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="train.seed of the first pair (the rollouts' Flow-SDE noise, the actor's RNG); pair i "
+                             "runs seed + i in both arms, so that repeats show each arm's own spread")
+    parser.add_argument("--settings", choices=("both", "straggler", "no-straggler"), default="both")
     parser.add_argument("--workdir", type=Path, help="keep the runs here (default: a temp dir)")
     parser.add_argument("--per-version", action="store_true", help="print each run's versions (admission, "
                         "staleness, importance weights, success)")
@@ -183,29 +191,31 @@ def main() -> None:
     else:
         init, demos = args.init_weights, args.data
     rows = []
-    for straggler in (0.0, args.straggler_delay):
-        for _ in range(args.repeats):  # interleaved: sync, async, sync, async, ... on the same processes and cores
+    stragglers = {"both": (0.0, args.straggler_delay), "straggler": (args.straggler_delay,),
+                  "no-straggler": (0.0,)}[args.settings]
+    for straggler in stragglers:
+        for pair in range(args.repeats):  # interleaved: sync, async, sync, async, ... on the same processes and cores
             for is_async in (False, True):
                 row = run_case(work / "runs", init=init, demos=demos, is_async=is_async, straggler=straggler,
-                               args=args)
+                               seed=args.seed + pair, args=args)
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "run_dir"}), flush=True)
                 if args.per_version:
                     print("\n".join(per_version(Path(row["run_dir"]))), flush=True)
-    print(f"\n{'case':<24} {'env steps/s':>11} {'samples/s':>9} {'trained/s':>9} {'wall s':>6}  "
+    print(f"\n{'case':<32} {'env steps/s':>11} {'samples/s':>9} {'trained/s':>9} {'wall s':>6}  "
           f"{'final success [95% Wilson]':<28} stale max  cores busy  load (1 min, before/after)")
     for row in rows:
-        name = f"{'async' if row['async'] else 'sync'}, straggler {row['straggler_s']:g} s"
+        name = f"{'async' if row['async'] else 'sync'}, straggler {row['straggler_s']:g} s, seed {row['seed']}"
         s_, n, lo, hi = row["final"]
         final = f"{s_}/{n} [{lo:.2f}, {hi:.2f}]"
         if "eval" in row:
             final += f" held-out {row['eval'][0]}/{row['eval'][1]}"
         load = "/".join(u.split("load average:")[-1].split(",")[0].strip() for u in (row["uptime_before"],
                                                                                      row["uptime_after"]))
-        print(f"{name:<24} {row['env_steps_per_s']:>11.1f} {row['samples_per_s']:>9.1f} {row['trained_per_s']:>9.1f} "
+        print(f"{name:<32} {row['env_steps_per_s']:>11.1f} {row['samples_per_s']:>9.1f} {row['trained_per_s']:>9.1f} "
               f"{row['wall_s']:>6.0f}  {final:<28} {row['staleness_max']:>9.0f}  {row['cores_busy']:>10.2f}  {load}")
     print()
-    for straggler in (0.0, args.straggler_delay):
+    for straggler in stragglers:
         goal = GOALS[straggler > 0]
         pick = [r for r in rows if r["straggler_s"] == straggler]
         for key in ("env_steps_per_s", "samples_per_s"):
@@ -229,11 +239,16 @@ def main() -> None:
               f"Wilson intervals {'overlap' if overlap else 'do not overlap'}")
         held = {a: [r["eval"] for r in pick if r["async"] is a and "eval" in r] for a in (False, True)}
         if held[False] and held[True]:  # the same held-out goals, episodes and number of versions per arm
-            same = all(ea[2] <= es[3] and es[2] <= ea[3] for es in held[False] for ea in held[True])
-            print(f"{'with' if straggler else 'without'} straggler: held-out success sync "
-                  f"{[f'{e[0]}/{e[1]} [{e[2]:.2f}, {e[3]:.2f}]' for e in held[False]]} vs async "
-                  f"{[f'{e[0]}/{e[1]} [{e[2]:.2f}, {e[3]:.2f}]' for e in held[True]]}: Wilson intervals "
-                  f"{'overlap: equal final success' if same else 'DO NOT overlap: final success differs'}")
+            pooled = {a: (sum(e[0] for e in held[a]), sum(e[1] for e in held[a])) for a in held}
+            ci = {a: wilson_interval(*pooled[a]) for a in held}
+            verdict = ("DO NOT overlap: async's final success is lower" if ci[True][1] < ci[False][0] else
+                       "DO NOT overlap: async's final success is higher" if ci[True][0] > ci[False][1] else
+                       "overlap: equal final success")
+            print(f"{'with' if straggler else 'without'} straggler: held-out success per seed, sync "
+                  f"{[f'{e[0]}/{e[1]}' for e in held[False]]} vs async {[f'{e[0]}/{e[1]}' for e in held[True]]}; "
+                  f"pooled over the seeds sync {pooled[False][0]}/{pooled[False][1]} [{ci[False][0]:.2f}, "
+                  f"{ci[False][1]:.2f}] vs async {pooled[True][0]}/{pooled[True][1]} [{ci[True][0]:.2f}, "
+                  f"{ci[True][1]:.2f}]: Wilson intervals {verdict}")
     print(f"uptime at the end: {uptime()}")
     print(f"runs: {work}")
 
