@@ -182,6 +182,11 @@ def main() -> None:
     args = parser.parse_args()
     if (args.init_weights is None) != (args.data is None):
         parser.error("--init-weights and --data go together")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.settings != "no-straggler" and not args.straggler_delay > 0:
+        parser.error(f"--straggler-delay must be above 0 with --settings {args.settings} (or use --settings "
+                     f"no-straggler), got {args.straggler_delay}")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="rl-async-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.init_weights is None:
